@@ -1,0 +1,40 @@
+"""communicator: one object for distributed PyTorch code.
+
+``with Communicator.create(cfg) as comm:`` gives a :class:`NonDistComm` in one process and a
+:class:`TorchComm` under torchrun, Slurm or MPI, so code that receives ``comm`` has no branches.
+"""
+
+from communicator.base import Communicator
+from communicator.config import CommConfig
+from communicator.errors import (
+    CollectiveMismatchError,
+    CommError,
+    CommTimeoutError,
+    ConfigError,
+    NotMemberError,
+    PeerLostError,
+    RemoteError,
+)
+from communicator.handles import Handle
+from communicator.launch import launch
+from communicator.nondist import NonDistComm
+from communicator.torch_comm import TorchComm
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CollectiveMismatchError",
+    "CommConfig",
+    "CommError",
+    "CommTimeoutError",
+    "Communicator",
+    "ConfigError",
+    "Handle",
+    "NonDistComm",
+    "NotMemberError",
+    "PeerLostError",
+    "RemoteError",
+    "TorchComm",
+    "__version__",
+    "launch",
+]

@@ -1,0 +1,201 @@
+"""`CommConfig`: every setting of a communicator, validated once, from a dict, the environment or itself."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any, Protocol, runtime_checkable
+
+from communicator.errors import ConfigError
+
+__all__ = ["BACKENDS", "LAUNCHERS", "CommConfig", "ConfigLike", "Serializer"]
+
+BACKENDS = ("auto", "gloo", "nccl", "mpi")
+LAUNCHERS = ("auto", "none", "pytorch", "slurm", "mpi", "openmpi", "mpich", "mvapich")
+SERIALIZERS = ("pickle", "safe")
+OBJECT_BACKENDS = ("gloo", "same")
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+# Keys that other libraries use for the same setting (mmengine's `init_dist(port=...)`).
+ALIASES = {"port": "master_port"}
+ENV_PREFIX = "COMMUNICATOR_"
+
+
+@runtime_checkable
+class Serializer(Protocol):
+    """A user codec: anything with ``dumps(obj) -> bytes`` and ``loads(data) -> obj``."""
+
+    def dumps(self, obj: Any) -> bytes: ...
+
+    def loads(self, data: bytes | memoryview) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class CommConfig:
+    """Settings of a communicator. Every field is checked when the config is built.
+
+    Example:
+        >>> CommConfig.of({"backend": "gloo", "timeout": 60, "port": 29501}).master_port
+        29501
+    """
+
+    #: ``"auto"`` picks ``nccl`` when CUDA is usable, else ``gloo``.
+    backend: str = "auto"
+    #: ``"auto"`` detects torchrun, MPI or Slurm; ``"none"`` always gives a single process.
+    launcher: str = "auto"
+    #: One timeout for every group the communicator creates (seconds or a ``timedelta``).
+    timeout: timedelta = DEFAULT_TIMEOUT
+    #: A torch ``init_method`` URL (``tcp://``, ``file://``, ``env://``); default: tcp to the master.
+    init_method: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    #: The device tensors are moved to for communication (default: ``cuda:<local_rank>`` under NCCL, else CPU).
+    device: str | None = None
+    #: ``"pickle"`` (protocol 5, out-of-band buffers), ``"safe"`` (restricted unpickler) or an object
+    #: with ``dumps``/``loads``.
+    serializer: str | Serializer = "pickle"
+    #: Extra classes or module prefixes the ``"safe"`` serializer accepts (``"mypkg."``, ``"mypkg.Box"``).
+    trusted: tuple[str, ...] = ()
+    #: Where object traffic goes under NCCL: ``"gloo"`` (a CPU companion group) or ``"same"``.
+    object_backend: str = "gloo"
+    #: Compare every collective's fingerprint across ranks before running it.
+    debug: bool = False
+    #: A registered communicator class (see ``Communicator.register``); ``None`` lets ``create`` choose.
+    type: str | None = None
+    #: Free-form settings for a registered custom communicator.
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "backend", _choice("backend", self.backend, BACKENDS))
+        set_(self, "launcher", _choice("launcher", self.launcher, LAUNCHERS))
+        set_(self, "object_backend", _choice("object_backend", self.object_backend, OBJECT_BACKENDS))
+        set_(self, "timeout", _timeout(self.timeout))
+        set_(self, "master_port", _port(self.master_port))
+        for name in ("init_method", "master_addr", "device", "type"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"{name}={value!r} is invalid: expected a non-empty string or None")
+        if self.device is not None:
+            _device(self.device)
+        if isinstance(self.serializer, str):
+            set_(self, "serializer", _choice("serializer", self.serializer, SERIALIZERS))
+        elif not isinstance(self.serializer, Serializer):
+            raise ConfigError(
+                f"serializer={self.serializer!r} is invalid: expected one of {SERIALIZERS} "
+                "or an object with dumps(obj) -> bytes and loads(data) -> obj"
+            )
+        if isinstance(self.trusted, str) or not all(isinstance(t, str) for t in self.trusted):
+            raise ConfigError(
+                f"trusted={self.trusted!r} is invalid: expected a sequence of class names or module prefixes"
+            )
+        set_(self, "trusted", tuple(self.trusted))
+        if not isinstance(self.debug, bool):
+            raise ConfigError(f"debug={self.debug!r} is invalid: expected True or False")
+        if not isinstance(self.options, Mapping):
+            raise ConfigError(f"options={self.options!r} is invalid: expected a mapping")
+
+    @classmethod
+    def of(cls, cfg: ConfigLike = None) -> CommConfig:
+        """Build a config from ``None`` (the environment), a mapping, or a config (returned as is)."""
+        if cfg is None:
+            return cls.from_env()
+        if isinstance(cfg, CommConfig):
+            return cfg
+        if isinstance(cfg, Mapping):
+            return cls.from_mapping(cfg)
+        raise ConfigError(
+            f"cannot build a CommConfig from {type(cfg).__name__}: expected None, a mapping or a CommConfig"
+        )
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> CommConfig:
+        """Build from a mapping; mmengine's ``port`` is accepted as ``master_port``."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in values.items():
+            name = ALIASES.get(key, key)
+            if name not in known:
+                raise ConfigError(
+                    f"unknown config key {key!r}: expected one of {sorted(known | set(ALIASES))}"
+                )
+            if name in kwargs:
+                raise ConfigError(f"config key {name!r} given twice (directly and as an alias)")
+            kwargs[name] = value
+        return cls(**kwargs)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CommConfig:
+        """Read ``COMMUNICATOR_<FIELD>`` variables (e.g. ``COMMUNICATOR_DEBUG=1``); defaults otherwise."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(cls):
+            raw = env.get(ENV_PREFIX + field.name.upper())
+            if raw is None or field.name == "options":
+                continue
+            values[field.name] = _parse_env(field.name, raw)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> CommConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+ConfigLike = CommConfig | Mapping[str, Any] | None
+
+
+def _parse_env(name: str, raw: str) -> Any:
+    if name == "debug":
+        lowered = raw.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off", ""):
+            return False
+        raise ConfigError(f"{ENV_PREFIX}DEBUG={raw!r} is invalid: expected 1/0, true/false, yes/no")
+    if name in ("timeout",):
+        try:
+            return float(raw)
+        except ValueError:
+            raise ConfigError(f"{ENV_PREFIX}TIMEOUT={raw!r} is invalid: expected seconds") from None
+    if name == "master_port":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{ENV_PREFIX}MASTER_PORT={raw!r} is invalid: expected an integer") from None
+    if name == "trusted":
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    return raw
+
+
+def _choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value.lower() not in allowed:
+        raise ConfigError(f"{name}={value!r} is invalid: expected one of {', '.join(allowed)}")
+    return value.lower()
+
+
+def _timeout(value: object) -> timedelta:
+    if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)):
+        raise ConfigError(f"timeout={value!r} is invalid: expected seconds (int or float) or a timedelta")
+    result = value if isinstance(value, timedelta) else timedelta(seconds=value)
+    if result.total_seconds() <= 0:
+        raise ConfigError(f"timeout={value!r} is invalid: expected a positive duration")
+    return result
+
+
+def _port(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+        raise ConfigError(f"master_port={value!r} is invalid: expected an integer in 1..65535")
+    return value
+
+
+def _device(value: str) -> None:
+    import torch
+
+    try:
+        torch.device(value)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"device={value!r} is invalid: expected a torch device such as 'cpu' or 'cuda:0'") from None

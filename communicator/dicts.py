@@ -1,0 +1,196 @@
+"""`all_reduce_dict`: reduce a (nested) dict of tensors and numbers with as few collectives as possible.
+
+Every rank sends one fixed-size record holding a digest of its keys, shapes and dtypes and, when the
+values are small, the values themselves: small dicts need that one collective and are reduced
+locally, in the same order on every rank. Larger dicts need one more collective per dtype and
+device. Differing digests raise the same :class:`CollectiveMismatchError` on every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import struct
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from communicator.errors import CollectiveMismatchError
+from communicator.ops import ReduceOpLike, check_op_dtype, parse_op
+
+if TYPE_CHECKING:
+    from communicator.base import Communicator
+
+__all__ = ["all_reduce_dict"]
+
+RECORD_BYTES = 8192
+_HEAD = struct.Struct("<16sBxxxxxxxQ")  # digest, values inline?, values' byte count
+_ALIGN = 16
+
+Path = tuple[Any, ...]
+
+
+@dataclasses.dataclass
+class _Leaf:
+    path: Path
+    kind: str  # "tensor", "int", "float", "bool", "numpy"
+    tensor: torch.Tensor
+    original: Any
+    offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+
+def _leaves(data: Mapping[Any, Any], prefix: Path = ()) -> list[tuple[Path, Any]]:
+    found: list[tuple[Path, Any]] = []
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            found.extend(_leaves(value, (*prefix, key)))
+        else:
+            found.append(((*prefix, key), value))
+    return found
+
+
+def _leaf(path: Path, value: Any) -> _Leaf:
+    name = ".".join(map(str, path))
+    if isinstance(value, torch.Tensor):
+        return _Leaf(path, "tensor", value.detach(), value)
+    if isinstance(value, bool):
+        return _Leaf(path, "bool", torch.tensor(value), value)
+    if isinstance(value, int):
+        return _Leaf(path, "int", torch.tensor(value, dtype=torch.int64), value)
+    if isinstance(value, float):
+        return _Leaf(path, "float", torch.tensor(value, dtype=torch.float64), value)
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc":
+        return _Leaf(path, "numpy", torch.from_numpy(np.ascontiguousarray(value)), value)
+    raise TypeError(f"all_reduce_dict: value at {name!r} is a {type(value).__name__}; expected a tensor or a number")
+
+
+def _signature(leaves: list[_Leaf]) -> list[tuple[str, str, tuple[int, ...], str]]:
+    return [(repr(leaf.path), str(leaf.tensor.dtype), tuple(leaf.tensor.shape), leaf.tensor.device.type) for leaf in leaves]
+
+
+def _mismatch(signatures: list[list[tuple[str, str, tuple[int, ...], str]]]) -> CollectiveMismatchError:
+    everyone = [dict((k, rest) for k, *rest in sig) for sig in signatures]
+    all_keys = set().union(*everyone)
+    sides = {}
+    for rank, mine in enumerate(everyone):
+        missing = sorted(all_keys - mine.keys())
+        differing = sorted(k for k in mine if any(k in other and other[k] != mine[k] for other in everyone))
+        parts = []
+        if missing:
+            parts.append(f"missing keys {', '.join(missing)}")
+        if differing:
+            parts.append("; ".join(f"{k}: dtype {mine[k][0]}, shape {mine[k][1]}, {mine[k][2]}" for k in differing))
+        sides[rank] = ", ".join(parts) or "as expected"
+    return CollectiveMismatchError(sides, "all_reduce_dict: keys, shapes or dtypes differ")
+
+
+def _reduce_local(name: str, stacked: torch.Tensor, world: int) -> torch.Tensor:
+    dtype = stacked.dtype
+    if dtype == torch.bool:
+        if name == "mean":
+            return stacked.double().mean(0)
+        if name in ("sum", "max", "bor"):
+            return stacked.any(0)
+        if name == "bxor":
+            return stacked.sum(0) % 2 == 1
+        return stacked.all(0)
+    if name == "sum":
+        return stacked.sum(0, dtype=dtype)
+    if name == "mean":
+        floating = dtype.is_floating_point or dtype.is_complex
+        return stacked.sum(0, dtype=dtype) / world if floating else stacked.double().sum(0) / world
+    if name == "product":
+        return stacked.prod(0).to(dtype)
+    if name == "min":
+        return stacked.amin(0)
+    if name == "max":
+        return stacked.amax(0)
+    fn = {"band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}[name]
+    return functools.reduce(fn, stacked.unbind(0))
+
+
+def _restore(leaf: _Leaf, value: torch.Tensor) -> Any:
+    if leaf.kind == "tensor":
+        return value.to(leaf.tensor.device)
+    if leaf.kind == "numpy":
+        array = value.numpy()
+        return array if isinstance(leaf.original, np.ndarray) else array[()]
+    item = value.item()
+    return item if leaf.kind != "bool" or isinstance(item, float) else bool(item)
+
+
+def _nest(pairs: list[tuple[Path, Any]], template: Mapping[Any, Any]) -> dict[Any, Any]:
+    values = dict(pairs)
+
+    def build(node: Mapping[Any, Any], prefix: Path) -> dict[Any, Any]:
+        return {
+            key: build(value, (*prefix, key)) if isinstance(value, Mapping) else values[(*prefix, key)]
+            for key, value in node.items()
+        }
+
+    return build(template, ())
+
+
+def all_reduce_dict(comm: Communicator, data: Mapping[Any, Any], op: ReduceOpLike = "sum") -> dict[Any, Any]:
+    name = parse_op(op)
+    if not isinstance(data, Mapping):
+        raise TypeError(f"all_reduce_dict needs a dict, got {type(data).__name__}")
+    leaves = sorted((_leaf(p, v) for p, v in _leaves(data)), key=lambda leaf: repr(leaf.path))
+    for leaf in leaves:
+        check_op_dtype(name, leaf.tensor.dtype, in_place=False)
+    signature = _signature(leaves)
+    digest = hashlib.blake2b(repr(signature).encode(), digest_size=16).digest()
+
+    offset = 0
+    for leaf in leaves:
+        leaf.offset = offset
+        offset = -(-(offset + leaf.nbytes) // _ALIGN) * _ALIGN
+    inline = offset <= RECORD_BYTES - _HEAD.size
+    record = np.zeros(RECORD_BYTES, dtype=np.uint8)
+    _HEAD.pack_into(record, 0, digest, int(inline), offset)
+    if inline:
+        for leaf in leaves:
+            raw = leaf.tensor.cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+            start = _HEAD.size + leaf.offset
+            record[start : start + leaf.nbytes] = raw
+
+    rows = comm._gather_records(record)
+    if any(bytes(row[:16]) != digest for row in rows):
+        raise _mismatch(comm.all_gather_object(signature))
+
+    world = comm.world_size
+    if inline:
+        reduced = []
+        for leaf in leaves:
+            start = _HEAD.size + leaf.offset
+            parts = [torch.from_numpy(row[start : start + leaf.nbytes]).view(leaf.tensor.dtype) for row in rows]
+            stacked = torch.stack(parts).reshape(world, *leaf.tensor.shape)
+            reduced.append((leaf.path, _restore(leaf, _reduce_local(name, stacked, world))))
+        return _nest(reduced, data)
+    return _nest(_reduce_buckets(comm, leaves, name), data)
+
+
+def _reduce_buckets(comm: Communicator, leaves: list[_Leaf], name: str) -> list[tuple[Path, Any]]:
+    """One collective per (device, dtype) bucket."""
+    buckets: dict[tuple[str, torch.dtype], list[_Leaf]] = {}
+    for leaf in leaves:
+        buckets.setdefault((str(leaf.tensor.device), leaf.tensor.dtype), []).append(leaf)
+    reduced: list[tuple[Path, Any]] = []
+    for (_, dtype), members in buckets.items():
+        flat = torch.cat([m.tensor.reshape(-1) for m in members])
+        integer_mean = name == "mean" and not (dtype.is_floating_point or dtype.is_complex)
+        if integer_mean:
+            flat = flat.double()
+        comm.all_reduce(flat, op="sum" if integer_mean else name)
+        if integer_mean:
+            flat /= comm.world_size
+        for member, piece in zip(members, flat.split([m.tensor.numel() for m in members]), strict=True):
+            reduced.append((member.path, _restore(member, piece.reshape(member.tensor.shape))))
+    return reduced

@@ -1,0 +1,103 @@
+"""Every error the library raises. All derive from :class:`CommError`, itself a ``RuntimeError``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "CollectiveMismatchError",
+    "CommError",
+    "CommTimeoutError",
+    "ConfigError",
+    "NotMemberError",
+    "PeerLostError",
+    "RemoteError",
+    "RemoteFailure",
+]
+
+
+class CommError(RuntimeError):
+    """Base class of the library's errors."""
+
+
+class ConfigError(CommError, ValueError):
+    """A configuration or launcher environment that cannot work; raised before any communication."""
+
+
+class CommTimeoutError(CommError, TimeoutError):
+    """An operation did not finish within its timeout.
+
+    ``missing_ranks`` names the ranks (local to the communicator) that did not arrive, when that is
+    knowable (barriers); otherwise it is ``None``.
+    """
+
+    def __init__(self, message: str, missing_ranks: Sequence[int] | None = None) -> None:
+        super().__init__(message)
+        self.missing_ranks: tuple[int, ...] | None = (
+            None if missing_ranks is None else tuple(missing_ranks)
+        )
+
+
+class PeerLostError(CommError):
+    """A peer process died or closed its connection while this rank was communicating with it."""
+
+
+class NotMemberError(CommError):
+    """A collective was called on a subgroup communicator by a rank that is not a member."""
+
+
+@dataclass(frozen=True)
+class RemoteFailure:
+    """What one rank reported when it failed: its rank, error type, message and traceback."""
+
+    rank: int
+    error_type: str
+    message: str
+    traceback: str = ""
+    where: str = ""
+
+    def __str__(self) -> str:
+        where = f" in {self.where}" if self.where else ""
+        return f"rank {self.rank} raised {self.error_type}{where}: {self.message}"
+
+
+class RemoteError(CommError):
+    """Another rank (or several) failed; raised on every rank so none is left waiting.
+
+    ``failures`` holds one :class:`RemoteFailure` per failed rank; ``rank``, ``error_type`` and
+    ``message`` describe the first of them.
+    """
+
+    def __init__(self, failures: Sequence[RemoteFailure], context: str = "") -> None:
+        if not failures:
+            raise ValueError("RemoteError needs at least one failure")
+        self.failures: tuple[RemoteFailure, ...] = tuple(sorted(failures, key=lambda f: f.rank))
+        self.context = context
+        first = self.failures[0]
+        self.rank: int = first.rank
+        self.error_type: str = first.error_type
+        self.remote_message: str = first.message
+        head = f"{context}: " if context else ""
+        lines = "; ".join(str(f) for f in self.failures)
+        super().__init__(f"{head}{lines}")
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(f.rank for f in self.failures)
+
+    def remote_tracebacks(self) -> str:
+        """Every failed rank's traceback, one after another."""
+        return "\n".join(f"--- rank {f.rank} ---\n{f.traceback}" for f in self.failures)
+
+
+class CollectiveMismatchError(CommError):
+    """Debug mode: ranks called different collectives (or the same with different arguments).
+
+    ``sides`` maps each rank to the description of the call it made.
+    """
+
+    def __init__(self, sides: Mapping[int, str], what: str = "collective calls differ") -> None:
+        self.sides: dict[int, str] = dict(sides)
+        table = "\n".join(f"  rank {r}: {s}" for r, s in sorted(self.sides.items()))
+        super().__init__(f"{what} across ranks:\n{table}")

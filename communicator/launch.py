@@ -1,0 +1,217 @@
+"""`launch`: run a function on N local ranks (gloo on 127.0.0.1) and get every rank's return value."""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from communicator.config import CommConfig, ConfigLike
+from communicator.errors import CommTimeoutError, ConfigError, RemoteError, RemoteFailure
+
+__all__ = ["free_port", "launch"]
+
+# After one rank fails, the others get this long to notice (through the failure board) and report.
+GRACE_SECONDS = 5.0
+_PRELOAD = ["torch", "numpy", "communicator"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class _Outcome:
+    ok: bool
+    value: Any = None
+    failure: RemoteFailure | None = None
+
+
+def _rank_main(
+    fn: Callable[..., Any], rank: int, nproc: int, port: int, cfg: CommConfig, args: Sequence[Any],
+    conn: mpc.Connection, env: Mapping[str, str], trace_path: str,
+) -> None:
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(nproc),
+            "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0",
+        }
+    )
+    os.environ.update(env)
+    trace_file = open(trace_path, "w")  # noqa: SIM115 - must stay open for faulthandler
+    faulthandler.register(signal.SIGUSR1, file=trace_file, all_threads=True)
+    from communicator.base import Communicator
+
+    try:
+        with Communicator.create(cfg) as comm:
+            result = fn(comm, *args)
+        conn.send(_Outcome(True, result))
+    except BaseException as error:  # noqa: BLE001 - every failure is reported to the parent
+        text = "".join(traceback.format_exception(error))
+        where = error.context if isinstance(error, RemoteError) else ""
+        conn.send(_Outcome(False, failure=RemoteFailure(rank, type(error).__name__, str(error), text, where)))
+    finally:
+        conn.close()
+        trace_file.close()
+
+
+def _ranks_env(env: Mapping[str, str] | Callable[[int], Mapping[str, str]] | None, rank: int) -> dict[str, str]:
+    if env is None:
+        return {}
+    return dict(env(rank) if callable(env) else env)
+
+
+def launch(
+    fn: Callable[..., Any],
+    nproc: int,
+    cfg: ConfigLike = None,
+    args: Sequence[Any] = (),
+    *,
+    timeout: float | None = None,
+    env: Mapping[str, str] | Callable[[int], Mapping[str, str]] | None = None,
+    start_method: str = "forkserver",
+) -> list[Any]:
+    """Run ``fn(comm, *args)`` on ``nproc`` local processes; return each rank's result in rank order.
+
+    Each process gets torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, a
+    free ``MASTER_PORT``, ...) plus ``env`` (a mapping, or a function of the rank), and runs ``fn``
+    inside ``Communicator.create(cfg)``. ``cfg=None`` means ``{"backend": "gloo"}``.
+
+    Raises:
+        RemoteError: a rank raised or died; it names the rank, its error and its traceback. The
+            other ranks are released through the failure board and stopped after a short grace.
+        CommTimeoutError: ``timeout`` (seconds) passed; the message holds every rank's stack.
+
+    Example::
+
+        def work(comm):
+            return comm.all_reduce(torch.tensor([comm.rank])).item()
+
+        launch(work, 2)   # [1, 1]
+    """
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ConfigError(f"nproc={nproc!r} is invalid: expected a positive int")
+    config = CommConfig.of(cfg if cfg is not None else {"backend": "gloo"})
+    if config.launcher not in ("auto", "pytorch"):
+        raise ConfigError(f"launch() starts torchrun-style ranks; launcher={config.launcher!r} cannot apply")
+    ctx = mp.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload(_PRELOAD)
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="communicator-launch-")
+    processes: list[mp.process.BaseProcess] = []
+    connections: list[mpc.Connection] = []
+    try:
+        for rank in range(nproc):
+            parent_end, child_end = ctx.Pipe(duplex=False)
+            process = ctx.Process(
+                target=_rank_main,
+                args=(fn, rank, nproc, port, config, tuple(args), child_end, _ranks_env(env, rank),
+                      os.path.join(workdir, f"rank{rank}.trace")),
+                name=f"communicator-rank{rank}",
+                daemon=True,
+            )
+            process.start()
+            child_end.close()
+            processes.append(process)
+            connections.append(parent_end)
+        outcomes = _collect(processes, connections, timeout, workdir)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+        for process in processes:
+            process.join(5)
+        for conn in connections:
+            conn.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    failures = [o.failure for o in outcomes if o.failure is not None]
+    if failures:
+        raise _launch_error(failures)
+    return [o.value for o in outcomes]
+
+
+def _collect(
+    processes: list[mp.process.BaseProcess], connections: list[mpc.Connection], timeout: float | None, workdir: str
+) -> list[_Outcome]:
+    outcomes: dict[int, _Outcome] = {}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    failed_at: float | None = None
+    while len(outcomes) < len(processes):
+        pending = [r for r in range(len(processes)) if r not in outcomes]
+        now = time.monotonic()
+        if failed_at is not None and now - failed_at > GRACE_SECONDS:
+            for r in pending:
+                processes[r].kill()
+                outcomes[r] = _Outcome(False, failure=RemoteFailure(
+                    r, "Stopped", f"stopped {GRACE_SECONDS:g} s after another rank failed"))
+            break
+        if deadline is not None and now > deadline:
+            raise _timeout_error(processes, pending, workdir, timeout or 0.0)
+        waits = [t for t in (deadline, None if failed_at is None else failed_at + GRACE_SECONDS) if t is not None]
+        wait_for = max(0.0, min(waits) - now) if waits else None
+        objects: list[Any] = [connections[r] for r in pending] + [processes[r].sentinel for r in pending]
+        ready = mpc.wait(objects, timeout=wait_for)
+        for r in pending:
+            if connections[r] in ready or processes[r].sentinel in ready:
+                outcome = _receive(processes[r], connections[r], r)
+                if outcome is not None:
+                    outcomes[r] = outcome
+                    if not outcome.ok and failed_at is None:
+                        failed_at = time.monotonic()
+    return [outcomes[r] for r in range(len(processes))]
+
+
+def _receive(process: mp.process.BaseProcess, conn: mpc.Connection, rank: int) -> _Outcome | None:
+    try:
+        if conn.poll():
+            outcome: _Outcome = conn.recv()
+            return outcome
+    except (EOFError, OSError):
+        pass
+    process.join(1)
+    if process.exitcode is None:
+        return None
+    code = process.exitcode
+    how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    return _Outcome(False, failure=RemoteFailure(rank, "ProcessDied", f"the rank's process {how} without reporting"))
+
+
+def _launch_error(failures: list[RemoteFailure]) -> RemoteError:
+    # Ranks that only reacted to another rank's failure are consequences; report the causes first.
+    consequences = ("RemoteError", "PeerLostError", "Stopped")
+    causes = [f for f in failures if f.error_type not in consequences] or failures
+    error = RemoteError(causes, context="launch")
+    error.add_note("".join(f"\n--- rank {f.rank} traceback ---\n{f.traceback}" for f in causes if f.traceback))
+    return error
+
+
+def _timeout_error(processes: list[mp.process.BaseProcess], pending: list[int], workdir: str, timeout: float) -> CommTimeoutError:
+    for r in pending:
+        if processes[r].pid is not None and processes[r].is_alive():
+            os.kill(processes[r].pid, signal.SIGUSR1)  # faulthandler writes every thread's stack
+    time.sleep(0.5)
+    stacks = []
+    for r in pending:
+        path = os.path.join(workdir, f"rank{r}.trace")
+        text = open(path).read() if os.path.exists(path) else ""
+        stacks.append(f"--- rank {r} ---\n{text.strip() or '(no stack dumped)'}")
+    print("\n".join(stacks), file=sys.stderr)
+    return CommTimeoutError(
+        f"ranks {pending} did not finish within {timeout:g} s; their stacks:\n" + "\n".join(stacks),
+        missing_ranks=pending,
+    )

@@ -1,0 +1,246 @@
+"""The launcher environment interface: what a scheduler tells each process about the job."""
+
+from __future__ import annotations
+
+import abc
+import math
+import os
+import re
+from collections.abc import Mapping
+
+from communicator.errors import ConfigError
+
+__all__ = ["LauncherEnv", "check_port", "read_int"]
+
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def read_int(
+    environ: Mapping[str, str], name: str, *, minimum: int = 0, launcher: str = ""
+) -> int | None:
+    """The integer in ``environ[name]`` (at least ``minimum``), or ``None`` when it is unset."""
+    raw = environ.get(name)
+    if raw is None:
+        return None
+    where = f"{launcher}: " if launcher else ""
+    expected = f"expected an integer >= {minimum}"
+    if _INTEGER.fullmatch(raw.strip()) is None:
+        raise ConfigError(f"{where}{name}={raw!r} is not an integer; {expected}")
+    value = int(raw)
+    if value < minimum:
+        raise ConfigError(f"{where}{name}={raw!r} is out of range; {expected}")
+    return value
+
+
+def check_port(port: int, what: str) -> int:
+    """``port`` when it is a usable TCP port; ``what`` names its origin in the error."""
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{what}={port} is not a TCP port; expected an integer in 1..65535")
+    return port
+
+
+class LauncherEnv(abc.ABC):
+    """What one launcher (torchrun, Slurm, an MPI implementation) says about this process.
+
+    Subclasses read a snapshot of the environment (``environ``, default ``os.environ``) and expose
+    the job layout through typed properties. ``detect()`` says whether the launcher's variables are
+    present; ``missing()`` lists the variables a forced launcher still needs. Every property raises
+    :class:`~communicator.errors.ConfigError` when a variable is malformed (non-numeric, a rank outside
+    the world, an unbalanced hostlist).
+
+    ``master_addr`` and ``master_port`` given to the constructor (from the configuration) win over
+    whatever the environment says.
+    """
+
+    #: The name used in ``CommConfig(launcher=...)`` and shown by ``describe()``.
+    name: str = ""
+    #: What to do when a forced launcher's variables are missing (added to the error message).
+    hint: str = ""
+    #: Every variable this launcher reads, in the order ``describe_environment()`` shows them.
+    variables: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        environ: Mapping[str, str] | None = None,
+        *,
+        master_addr: str | None = None,
+        master_port: int | None = None,
+    ) -> None:
+        self.environ: Mapping[str, str] = dict(os.environ if environ is None else environ)
+        if master_addr is not None and not master_addr.strip():
+            raise ConfigError(f"master_addr={master_addr!r} is empty; expected a host name or IP")
+        self._master_addr = master_addr
+        self._master_port = None if master_port is None else check_port(master_port, "master_port")
+
+    @classmethod
+    @abc.abstractmethod
+    def detect(cls, environ: Mapping[str, str]) -> bool:
+        """Whether this launcher's variables are present in ``environ``."""
+
+    @classmethod
+    @abc.abstractmethod
+    def missing(cls, environ: Mapping[str, str]) -> list[str]:
+        """The variables this launcher needs that ``environ`` lacks (empty when complete)."""
+
+    @property
+    @abc.abstractmethod
+    def rank(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def world_size(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def local_rank(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def local_size(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def node_rank(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def num_nodes(self) -> int: ...
+
+    @abc.abstractmethod
+    def _master_addr_from_env(self) -> tuple[str, str]:
+        """The rendezvous host the environment implies, and where it came from (for ``explain``)."""
+
+    @abc.abstractmethod
+    def _master_port_from_env(self) -> tuple[int, str]:
+        """The rendezvous port the environment implies, and where it came from (for ``explain``)."""
+
+    @property
+    def master_addr(self) -> str:
+        """Host of rank 0's rendezvous store: the configured one, else what the environment implies."""
+        return self._master_addr_with_origin()[0]
+
+    @property
+    def master_port(self) -> int:
+        """Port of the rendezvous store: the configured one, else what the environment implies."""
+        return self._master_port_with_origin()[0]
+
+    def validate(self) -> None:
+        """Read every property once (``explain`` does), so a malformed variable raises here."""
+        self.explain()
+
+    def env_updates(self) -> dict[str, str]:
+        """Variables the communicator sets while it is open, so that code expecting torchrun's
+        names (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ...) finds them under any launcher."""
+        return {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_size),
+            "GROUP_RANK": str(self.node_rank),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
+
+    def explain(self) -> str:
+        """One line saying what this launcher reports and where the rendezvous address came from."""
+        addr, addr_origin = self._master_addr_with_origin()
+        port, port_origin = self._master_port_with_origin()
+        return (
+            f"{self.name}: rank {self.rank} of {self.world_size}, "
+            f"local rank {self.local_rank} of {self.local_size}, "
+            f"node {self.node_rank} of {self.num_nodes}, "
+            f"master {addr}:{port} (host: {addr_origin}; port: {port_origin})"
+        )
+
+    def _master_addr_with_origin(self) -> tuple[str, str]:
+        if self._master_addr is not None:
+            return self._master_addr, "configuration"
+        return self._master_addr_from_env()
+
+    def _master_port_with_origin(self) -> tuple[int, str]:
+        if self._master_port is not None:
+            return self._master_port, "configuration"
+        return self._master_port_from_env()
+
+    # Helpers for subclasses: every variable is parsed and range-checked the same way.
+
+    def _optional_int(self, name: str, *, minimum: int = 0) -> int | None:
+        """The integer in variable ``name``, or ``None`` when it is unset."""
+        return read_int(self.environ, name, minimum=minimum, launcher=self.name)
+
+    def _int(self, name: str, *, minimum: int = 0) -> int:
+        """The integer in variable ``name``, which must be set."""
+        value = self._optional_int(name, minimum=minimum)
+        if value is None:
+            raise ConfigError(
+                f"{self.name}: {name} is not set; expected an integer >= {minimum} from the launcher"
+            )
+        return value
+
+    def _optional_str(self, name: str) -> str | None:
+        """The text of variable ``name``, or ``None`` when unset; set but blank is an error."""
+        raw = self.environ.get(name)
+        if raw is not None and not raw.strip():
+            raise ConfigError(f"{self.name}: {name}={raw!r} is empty; expected a non-empty value")
+        return None if raw is None else raw.strip()
+
+    def _str(self, name: str) -> str:
+        """The text of variable ``name``, which must be set."""
+        value = self._optional_str(name)
+        if value is None:
+            raise ConfigError(f"{self.name}: {name} is not set; expected a non-empty value")
+        return value
+
+    def _optional_port(self, name: str) -> int | None:
+        """The TCP port in variable ``name``, or ``None`` when unset."""
+        value = self._optional_int(name)
+        return None if value is None else check_port(value, name)
+
+    def _first_int(self, *names: str, minimum: int = 0) -> tuple[str, int] | None:
+        """The first of ``names`` that is set, with its integer value."""
+        for name in names:
+            value = self._optional_int(name, minimum=minimum)
+            if value is not None:
+                return name, value
+        return None
+
+    def _below(self, name: str, value: int, bound_name: str, bound: int) -> int:
+        """``value`` (read from ``name``) when it is less than ``bound`` (read from ``bound_name``)."""
+        if value >= bound:
+            raise ConfigError(
+                f"{self.name}: {name}={value} is out of range; expected a value below "
+                f"{bound_name} ({bound})"
+            )
+        return value
+
+    def _local_size_or_world(self, name: str) -> int:
+        """``name`` when set, else the whole world: without a per-node count, one node is the
+        only layout that needs no further information."""
+        value = self._optional_int(name, minimum=1)
+        if value is None:
+            return self.world_size
+        if value > self.world_size:
+            raise ConfigError(
+                f"{self.name}: {name}={value} is out of range; expected at most the world size "
+                f"({self.world_size})"
+            )
+        return value
+
+    def _local_rank_or_derived(self, name: str) -> int:
+        """``name`` when set, else ``rank % local_size`` (ranks placed on nodes in blocks)."""
+        value = self._optional_int(name)
+        if value is None:
+            return self.rank % self.local_size
+        return self._below(name, value, "the local size", self.local_size)
+
+    def _nodes_from_world(self) -> int:
+        """The node count implied by the world and local sizes (the last node may be partial)."""
+        return math.ceil(self.world_size / self.local_size)
+
+    def _node_rank_or_derived(self, *names: str) -> int:
+        """The first of ``names`` that is set, else ``rank // local_size`` (block placement)."""
+        found = self._first_int(*names)
+        if found is None:
+            return self.rank // self.local_size
+        name, value = found
+        return self._below(name, value, "the node count", self.num_nodes)

@@ -1,0 +1,55 @@
+"""`collect_results`: every rank's part of an evaluation, in dataset order, on one rank."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from communicator.base import Communicator
+
+__all__ = ["check_arguments", "collect_results", "merge_parts"]
+
+T = TypeVar("T")
+ORDERS = ("interleave", "contiguous")
+DEVICES = ("cpu", "gpu", "cuda")
+
+
+def check_arguments(results: object, size: object, order: object, device: object) -> None:
+    """Refuse bad arguments before any communication."""
+    if isinstance(results, (str, bytes)) or not isinstance(results, Sequence):
+        raise TypeError(f"results must be a list or tuple of this rank's items, got {type(results).__name__}")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"size must be a non-negative int (the dataset length), got {size!r}")
+    if order not in ORDERS:
+        raise ValueError(f"order={order!r} is invalid: expected one of {', '.join(ORDERS)}")
+    if device not in DEVICES:
+        raise ValueError(f"device={device!r} is invalid: expected one of {', '.join(DEVICES)}")
+
+
+def merge_parts(parts: Sequence[Sequence[T]], size: int, order: str) -> list[T]:
+    """Put the parts back in dataset order and keep the first ``size`` items."""
+    merged: list[T] = []
+    if order == "contiguous":
+        for part in parts:
+            merged.extend(part)
+    else:
+        longest = max((len(p) for p in parts), default=0)
+        for index in range(longest):
+            merged.extend(part[index] for part in parts if index < len(part))
+    if size > len(merged):
+        warnings.warn(
+            f"collect_results: size={size} but the ranks hold {len(merged)} results in all; "
+            "returning the real ones (nothing is padded)",
+            stacklevel=3,
+        )
+    return merged[:size]
+
+
+def collect_results(
+    comm: Communicator, results: Sequence[T], size: int, dst: int, order: str, device: str
+) -> list[T] | None:
+    check_arguments(results, size, order, device)
+    parts = comm.gather_object(list(results), dst=dst)
+    return None if parts is None else merge_parts(parts, size, order)

@@ -1,0 +1,596 @@
+"""`TorchComm`: a communicator over a ``torch.distributed`` process group (gloo, nccl, mpi)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from typing_extensions import override
+
+from communicator.base import Communicator
+from communicator.config import CommConfig
+from communicator.errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerLostError
+from communicator.failures import FailureBoard
+from communicator.handles import Handle
+from communicator.ops import ReduceOpLike, check_op_dtype, parse_op, torch_op
+
+__all__ = ["Topology", "TorchComm"]
+
+# How long a blocked wait sleeps between looks at the failure board.
+POLL_SECONDS = 0.05
+# Larger all_gather/gather payloads go point to point: gloo's collectives copy them twice more.
+P2P_MIN_BYTES = 64 * 1024
+MAX_NDIM = 32
+_DTYPE_CODES = {dt: i for i, dt in enumerate(
+    (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.uint16,
+     torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2)
+)}
+_CODE_DTYPES = {i: dt for dt, i in _DTYPE_CODES.items()}
+# torch 2.13 renamed all_gather_into_tensor; older releases only have the old name.
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Where this process sits: its index on the node, the node's size, the node's index, the node count."""
+
+    local_rank: int = 0
+    local_size: int = 1
+    node_rank: int = 0
+    num_nodes: int = 1
+
+
+class TorchComm(Communicator):
+    """A communicator over a ``torch.distributed`` group.
+
+    Build it with :meth:`Communicator.create`; ``TorchComm.adopt()`` wraps an already initialised
+    default group without taking ownership.
+    """
+
+    def __init__(
+        self,
+        config: CommConfig,
+        *,
+        group: dist.ProcessGroup | None = None,
+        global_ranks: Sequence[int] | None = None,
+        topology: Topology = Topology(),
+        board: FailureBoard | None = None,
+        owner: bool = False,
+        reason: str = "",
+        cpu_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__(config)
+        self._group: dist.ProcessGroup = group if group is not None else dist.group.WORLD  # type: ignore[assignment]
+        self._backend = str(dist.get_backend(self._group))
+        self._global_ranks = tuple(global_ranks) if global_ranks is not None else tuple(range(dist.get_world_size()))
+        ordered = sorted(self._global_ranks)
+        # torch numbers a group's ranks by global rank; this communicator may order them otherwise (split keys).
+        self._group_rank_of = [ordered.index(g) for g in self._global_ranks]
+        self._local_of_group = [self._global_ranks.index(g) for g in ordered]
+        self._rank = self._global_ranks.index(dist.get_rank())
+        self._topology = topology
+        self._owner = owner
+        self._reason = reason
+        self._timeout: timedelta = config.timeout
+        self._device = self._pick_device()
+        self._cpu_group = cpu_group if cpu_group is not None else self._make_cpu_group()
+        self._board = board if board is not None else FailureBoard.for_group(self)
+        self._env_restore: dict[str, str | None] = {}
+
+    # -- construction helpers ----------------------------------------------------------------
+
+    @classmethod
+    def adopt(cls, config: CommConfig | None = None, reason: str = "") -> TorchComm:
+        """Wrap the initialised default group; closing the communicator leaves it initialised."""
+        if not (dist.is_available() and dist.is_initialized()):
+            raise CommError("TorchComm.adopt() needs torch.distributed to be initialised")
+        return cls(config or CommConfig(), topology=_topology_from_env(), reason=reason or "adopted the initialised default group")
+
+    def _pick_device(self) -> torch.device:
+        if self.config.device is not None:
+            return torch.device(self.config.device)
+        if self._backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def _make_cpu_group(self) -> dist.ProcessGroup:
+        if self._backend == "gloo" or self.config.object_backend == "same":
+            return self._group
+        group = dist.new_group(list(range(dist.get_world_size())), backend="gloo", timeout=self._timeout)
+        assert group is not None
+        return group
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @override
+    def _release(self, failed: bool, error: BaseException | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if failed and error is not None:
+            self._board.post(self.rank, error, "the communicator's block", fatal=True)
+        if self._owner and dist.is_initialized():
+            if not failed:
+                with contextlib.suppress(CommError):
+                    self.barrier()
+            if failed:
+                with contextlib.suppress(Exception):
+                    self._group.abort()
+            dist.destroy_process_group()
+        self._restore_env()
+
+    def _restore_env(self) -> None:
+        import os
+
+        for key, value in self._env_restore.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        self._env_restore.clear()
+
+    # -- rank queries --------------------------------------------------------------------------
+
+    @property
+    @override
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    @override
+    def world_size(self) -> int:
+        return len(self._global_ranks)
+
+    @property
+    @override
+    def local_rank(self) -> int:
+        return self._topology.local_rank
+
+    @property
+    @override
+    def local_size(self) -> int:
+        return self._topology.local_size
+
+    @property
+    @override
+    def node_rank(self) -> int:
+        return self._topology.node_rank
+
+    @property
+    @override
+    def num_nodes(self) -> int:
+        return self._topology.num_nodes
+
+    @property
+    @override
+    def backend(self) -> str:
+        return self._backend
+
+    @property
+    @override
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def group(self) -> dist.ProcessGroup:
+        """The torch process group, for code that calls ``torch.distributed`` directly."""
+        return self._group
+
+    @property
+    def global_ranks(self) -> tuple[int, ...]:
+        """The world rank of each rank of this communicator, in this communicator's order."""
+        return self._global_ranks
+
+    def to_global(self, rank: int) -> int:
+        """The world rank of this communicator's ``rank``."""
+        return self._global_ranks[self._check_rank("rank", rank)]
+
+    def to_local(self, global_rank: int) -> int:
+        """This communicator's rank for world rank ``global_rank``."""
+        if global_rank not in self._global_ranks:
+            raise ValueError(f"world rank {global_rank} is not a member of this communicator {list(self._global_ranks)}")
+        return self._global_ranks.index(global_rank)
+
+    # -- waiting: timeouts, lost peers and failures of other ranks ------------------------------
+
+    def _wait(self, works: Sequence[Any], timeout: float | None = None, what: str = "collective") -> None:
+        """Wait for ``works``; raise promptly if another rank failed, a peer died, or time ran out."""
+        limit = self._timeout.total_seconds() if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        poll = timedelta(seconds=POLL_SECONDS)
+        for work in works:
+            # gloo raises "timed out" after each slice; NCCL returns at once (the GPU stream waits).
+            while True:
+                try:
+                    work.wait(poll)
+                    break
+                except RuntimeError as error:
+                    if "timed out" not in str(error) or work.is_completed():
+                        raise self._translated(error, what) from error
+                self._board.raise_if_failed(self, what)
+                if time.monotonic() > deadline:
+                    raise CommTimeoutError(f"{what} did not finish within {limit:g} s on rank {self.rank}")
+
+    @contextlib.contextmanager
+    def _translate(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except RuntimeError as error:
+            if isinstance(error, CommError):
+                raise
+            raise self._translated(error, what) from error
+
+    def _translated(self, error: RuntimeError, what: str) -> CommError:
+        text = str(error)
+        lost = ("Connection closed by peer", "Connection reset", "Broken pipe", "Socket closed", "ECONNRESET")
+        if any(marker in text for marker in lost):
+            self._board.raise_if_failed(self, what)
+            return PeerLostError(f"{what}: a peer was lost (its process died or closed the connection): {text.splitlines()[0]}")
+        if "timed out" in text.lower() or "Timed out" in text:
+            return CommTimeoutError(f"{what} timed out on rank {self.rank}: {text.splitlines()[0]}")
+        return CommError(f"{what} failed on rank {self.rank}: {text.splitlines()[0]}")
+
+    # -- tensor preparation ----------------------------------------------------------------
+
+    def _check_tensor(self, name: str, tensor: object) -> torch.Tensor:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.layout != torch.strided:
+            raise TypeError(f"{name} must be a dense (strided) tensor, got layout {tensor.layout}")
+        return tensor
+
+    def _on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A contiguous tensor on the communication device (the tensor itself when it already is)."""
+        if self._backend == "nccl" and tensor.device != self._device:
+            return tensor.to(self._device).contiguous()
+        if self._backend != "nccl" and tensor.device.type != "cpu":
+            return tensor.cpu().contiguous()
+        return tensor.contiguous()
+
+    @staticmethod
+    def _mode(*tensors: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
+        """In-place work on inference tensors must happen in inference mode."""
+        if not torch.is_inference_mode_enabled() and any(t.is_inference() for t in tensors):
+            return torch.inference_mode()
+        return contextlib.nullcontext()
+
+    def _in_place(
+        self, tensor: torch.Tensor, start: Callable[[torch.Tensor], Any], after: Callable[[torch.Tensor], None] | None,
+        async_op: bool, what: str,
+    ) -> Any:
+        """Run an in-place collective on a contiguous device copy when needed, then write back."""
+        work_tensor = self._on_device(tensor)
+        with self._mode(tensor, work_tensor), self._translate(what):
+            work = start(work_tensor)
+
+        def finish() -> torch.Tensor:
+            with self._mode(tensor, work_tensor):
+                if after is not None:
+                    after(work_tensor)
+                if work_tensor is not tensor:
+                    tensor.copy_(work_tensor)
+            return tensor
+
+        handle = Handle([work], finish, self._waiter(what))
+        return handle if async_op else handle.wait()
+
+    def _waiter(self, what: str) -> Callable[[Sequence[Any], float | None], None]:
+        return lambda works, timeout: self._wait(works, timeout, what)
+
+    # -- barrier and tensor collectives --------------------------------------------------------
+
+    @override
+    def barrier(self, timeout: float | None = None) -> None:
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+                raise ValueError(f"barrier timeout must be a positive number of seconds, got {timeout!r}")
+            self._board.barrier(self, float(timeout))
+            return
+        with self._translate("barrier"):
+            work = dist.barrier(group=self._cpu_group, async_op=True)
+        self._wait([work], None, "barrier")
+
+    @override
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOpLike = "sum", async_op: bool = False) -> Any:
+        tensor = self._check_tensor("tensor", tensor)
+        name = parse_op(op)
+        check_op_dtype(name, tensor.dtype)
+        world = self.world_size
+        return self._in_place(
+            tensor,
+            lambda t: dist.all_reduce(t, op=torch_op(name), group=self._group, async_op=True),
+            (lambda t: t.div_(world)) if name == "mean" else None,
+            async_op,
+            "all_reduce",
+        )
+
+    @override
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Any:
+        tensor = self._check_tensor("tensor", tensor)
+        src = self._check_rank("src", src)
+        return self._in_place(
+            tensor,
+            lambda t: dist.broadcast(t, group=self._group, group_src=self._group_rank_of[src], async_op=True),
+            None,
+            async_op,
+            "broadcast",
+        )
+
+    @override
+    def reduce(self, tensor: torch.Tensor, dst: int = 0, op: ReduceOpLike = "sum", async_op: bool = False) -> Any:
+        tensor = self._check_tensor("tensor", tensor)
+        dst = self._check_rank("dst", dst)
+        name = parse_op(op)
+        check_op_dtype(name, tensor.dtype)
+        world = self.world_size
+        original = tensor.clone() if self.rank != dst else None
+
+        def after(t: torch.Tensor) -> None:
+            if original is not None:
+                t.copy_(original)  # torch may leave partial sums on non-destination ranks
+            elif name == "mean":
+                t.div_(world)
+
+        return self._in_place(
+            tensor,
+            lambda t: dist.reduce(t, group=self._group, group_dst=self._group_rank_of[dst], op=torch_op(name), async_op=True),
+            after,
+            async_op,
+            "reduce",
+        )
+
+    def _meta(self, tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.dim() > MAX_NDIM:
+            raise ValueError(f"tensors of more than {MAX_NDIM} dimensions are not supported, got {tensor.dim()}")
+        meta = torch.zeros(2 + MAX_NDIM, dtype=torch.int64)
+        meta[0] = _DTYPE_CODES.get(tensor.dtype, -1)
+        meta[1] = tensor.dim()
+        meta[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
+        return meta
+
+    def _gather_metas(self, meta: torch.Tensor, what: str) -> list[tuple[torch.dtype, tuple[int, ...]]]:
+        """Every rank's (dtype, shape); a dtype or ndim mismatch is an error on every rank."""
+        out = torch.empty(self.world_size * meta.numel(), dtype=torch.int64)
+        with self._translate(what):
+            work = _all_gather_single(out, meta, group=self._cpu_group, async_op=True)
+        self._wait([work], None, what)
+        rows = out.view(self.world_size, -1)[self._group_rank_of].tolist()
+        return self._check_metas(rows, what)
+
+    def _check_metas(self, rows: list[list[int]], what: str) -> list[tuple[torch.dtype, tuple[int, ...]]]:
+        first = rows[0]
+        if any(row[0] != first[0] or row[1] != first[1] for row in rows):
+            sides = {r: f"{what}({_CODE_DTYPES.get(row[0], 'unsupported dtype')}, shape {tuple(row[2 : 2 + row[1]])})"
+                     for r, row in enumerate(rows)}
+            raise CollectiveMismatchError(sides, f"{what}: tensors must have the same dtype and number of dimensions")
+        if first[0] not in _CODE_DTYPES:
+            raise TypeError(f"{what}: unsupported tensor dtype")
+        return [(_CODE_DTYPES[row[0]], tuple(row[2 : 2 + row[1]])) for row in rows]
+
+    def _p2p(self, sends: Mapping[int, torch.Tensor], recvs: Mapping[int, torch.Tensor], group: dist.ProcessGroup) -> list[Any]:
+        """Start point-to-point transfers (ranks local); receives are posted first."""
+        works = []
+        for peer, tensor in recvs.items():
+            works.append(dist.irecv(tensor, group=group, group_src=self._group_rank_of[peer]))
+        for peer, tensor in sends.items():
+            works.append(dist.isend(tensor, group=group, group_dst=self._group_rank_of[peer]))
+        return works
+
+    @override
+    def all_gather(self, tensor: torch.Tensor, async_op: bool = False) -> Any:
+        tensor = self._check_tensor("tensor", tensor)
+        metas = self._gather_metas(self._meta(tensor), "all_gather")
+        source = self._on_device(tensor)
+        with self._mode(tensor):
+            outputs = [torch.empty(shape, dtype=dtype, device=self._device) for dtype, shape in metas]
+            outputs[self.rank].copy_(source)
+        uniform = all(shape == metas[0][1] for _, shape in metas)
+        with self._mode(tensor, *outputs), self._translate("all_gather"):
+            if uniform and (self._backend == "nccl" or source.numel() * source.element_size() < P2P_MIN_BYTES):
+                flat = torch.empty((self.world_size, *source.shape), dtype=source.dtype, device=self._device)
+                works = [_all_gather_single(flat, source, group=self._group, async_op=True)]
+
+                def finish() -> list[torch.Tensor]:
+                    return [flat[self._group_rank_of[r]] for r in range(self.world_size)]
+            else:
+                others = {r: out for r, out in enumerate(outputs) if r != self.rank}
+                works = self._p2p(dict.fromkeys(others, source), others, self._group)
+
+                def finish() -> list[torch.Tensor]:
+                    return outputs
+
+        handle = Handle(works, finish, self._waiter("all_gather"))
+        return handle if async_op else handle.wait()
+
+    @override
+    def gather(self, tensor: torch.Tensor, dst: int = 0, async_op: bool = False) -> Any:
+        tensor = self._check_tensor("tensor", tensor)
+        dst = self._check_rank("dst", dst)
+        metas = self._gather_metas(self._meta(tensor), "gather")
+        source = self._on_device(tensor)
+        if self.rank != dst:
+            with self._mode(tensor), self._translate("gather"):
+                works = self._p2p({dst: source}, {}, self._group)
+            handle: Handle[Any] = Handle(works, lambda: None, self._waiter("gather"))
+            return handle if async_op else handle.wait()
+        with self._mode(tensor):
+            outputs = [torch.empty(shape, dtype=dtype, device=self._device) for dtype, shape in metas]
+            outputs[dst].copy_(source)
+        with self._mode(*outputs), self._translate("gather"):
+            works = self._p2p({}, {r: out for r, out in enumerate(outputs) if r != dst}, self._group)
+        handle = Handle(works, lambda: outputs, self._waiter("gather"))
+        return handle if async_op else handle.wait()
+
+    @override
+    def scatter(self, tensors: Sequence[torch.Tensor] | None, src: int = 0, async_op: bool = False) -> Any:
+        src = self._check_rank("src", src)
+        metas = torch.zeros(self.world_size, 2 + MAX_NDIM, dtype=torch.int64)
+        sources: list[torch.Tensor] = []
+        if self.rank == src:
+            if tensors is None or isinstance(tensors, torch.Tensor) or len(tensors) != self.world_size:
+                raise ValueError(f"scatter: src must pass a sequence of {self.world_size} tensors (one per rank)")
+            sources = [self._on_device(self._check_tensor(f"tensors[{i}]", t)) for i, t in enumerate(tensors)]
+            for r, t in enumerate(sources):
+                metas[r] = self._meta(t)
+        with self._translate("scatter"):
+            work = dist.broadcast(metas, group=self._cpu_group, group_src=self._group_rank_of[src], async_op=True)
+        self._wait([work], None, "scatter")
+        (dtype, shape), = self._check_metas([metas[self.rank].tolist()], "scatter")
+        if self.rank == src:
+            self._check_metas(metas.tolist(), "scatter")
+            result = sources[src].clone()
+            with self._translate("scatter"):
+                works = self._p2p({r: t for r, t in enumerate(sources) if r != src}, {}, self._group)
+        else:
+            result = torch.empty(shape, dtype=dtype, device=self._device)
+            with self._translate("scatter"):
+                works = self._p2p({}, {src: result}, self._group)
+        handle = Handle(works, lambda: result, self._waiter("scatter"))
+        return handle if async_op else handle.wait()
+
+    @override
+    def reduce_scatter(self, tensors: Sequence[torch.Tensor], op: ReduceOpLike = "sum", async_op: bool = False) -> Any:
+        if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence) or len(tensors) != self.world_size:
+            raise ValueError(f"reduce_scatter needs a sequence of {self.world_size} tensors (one per rank)")
+        inputs = [self._on_device(self._check_tensor(f"tensors[{i}]", t)) for i, t in enumerate(tensors)]
+        name = parse_op(op)
+        check_op_dtype(name, inputs[0].dtype)
+        ordered = [inputs[self._local_of_group[g]] for g in range(self.world_size)]
+        output = torch.empty_like(ordered[self._group_rank_of[self.rank]])
+        world = self.world_size
+        with self._mode(*inputs), self._translate("reduce_scatter"):
+            work = dist.reduce_scatter(output, ordered, op=torch_op(name), group=self._group, async_op=True)
+
+        def finish() -> torch.Tensor:
+            return output.div_(world) if name == "mean" else output
+
+        handle = Handle([work], finish, self._waiter("reduce_scatter"))
+        return handle if async_op else handle.wait()
+
+    @override
+    def all_to_all(self, tensors: Sequence[torch.Tensor], async_op: bool = False) -> Any:
+        if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence) or len(tensors) != self.world_size:
+            raise ValueError(f"all_to_all needs a sequence of {self.world_size} tensors (one per rank)")
+        inputs = [self._on_device(self._check_tensor(f"tensors[{i}]", t)) for i, t in enumerate(tensors)]
+        metas = torch.stack([self._meta(t) for t in inputs])
+        everyone = torch.empty(self.world_size * metas.numel(), dtype=torch.int64)
+        with self._translate("all_to_all"):
+            work = _all_gather_single(everyone, metas.reshape(-1), group=self._cpu_group, async_op=True)
+        self._wait([work], None, "all_to_all")
+        everyone = everyone.view(self.world_size, *metas.shape)
+        incoming = [everyone[self._group_rank_of[r], self.rank].tolist() for r in range(self.world_size)]
+        shapes = self._check_metas(incoming, "all_to_all")
+        outputs = [torch.empty(shape, dtype=dtype, device=self._device) for dtype, shape in shapes]
+        outputs[self.rank].copy_(inputs[self.rank])
+        with self._mode(*inputs), self._translate("all_to_all"):
+            works = self._p2p(
+                {r: t for r, t in enumerate(inputs) if r != self.rank},
+                {r: t for r, t in enumerate(outputs) if r != self.rank},
+                self._group,
+            )
+        handle = Handle(works, lambda: outputs, self._waiter("all_to_all"))
+        return handle if async_op else handle.wait()
+
+    def _peer(self, name: str, peer: int) -> int:
+        peer = self._check_rank(name, peer)
+        if peer == self.rank:
+            raise ValueError(f"{name}={peer} is this rank; point-to-point needs another rank")
+        return peer
+
+    @override
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
+        self.isend(tensor, dst, tag).wait()
+
+    @override
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
+        result: torch.Tensor = self.irecv(tensor, src, tag).wait()
+        return result
+
+    @override
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle[None]:
+        tensor = self._check_tensor("tensor", tensor)
+        dst = self._peer("dst", dst)
+        source = self._on_device(tensor)
+        with self._mode(tensor), self._translate("send"):
+            work = dist.isend(source, group=self._group, group_dst=self._group_rank_of[dst], tag=tag)
+        return Handle([work], lambda: None, self._waiter("send"))
+
+    @override
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Handle[torch.Tensor]:
+        tensor = self._check_tensor("tensor", tensor)
+        src = self._peer("src", src)
+        target = self._on_device(tensor)
+        with self._mode(tensor), self._translate("recv"):
+            work = dist.irecv(target, group=self._group, group_src=self._group_rank_of[src], tag=tag)
+
+        def finish() -> torch.Tensor:
+            if target is not tensor:
+                with self._mode(tensor):
+                    tensor.copy_(target)
+            return tensor
+
+        return Handle([work], finish, self._waiter("recv"))
+
+    # -- raw byte primitives for object traffic (always on the CPU group) ---------------------------
+
+    @override
+    def _gather_records(self, record: np.ndarray) -> list[np.ndarray]:
+        source = torch.from_numpy(record)
+        out = torch.empty(self.world_size * record.size, dtype=torch.uint8)
+        with self._translate("object exchange"):
+            work = _all_gather_single(out, source, group=self._cpu_group, async_op=True)
+        self._wait([work], None, "object exchange")
+        rows = out.numpy().reshape(self.world_size, record.size)
+        return [rows[g] for g in self._group_rank_of]
+
+    @override
+    def _broadcast_record(self, record: np.ndarray, src: int) -> np.ndarray:
+        tensor = torch.from_numpy(record.copy())
+        with self._translate("object broadcast"):
+            work = dist.broadcast(tensor, group=self._cpu_group, group_src=self._group_rank_of[src], async_op=True)
+        self._wait([work], None, "object broadcast")
+        return tensor.numpy()
+
+    @override
+    def _scatter_records(self, records: Sequence[np.ndarray] | None, src: int) -> np.ndarray:
+        from communicator.records import RECORD_BYTES
+
+        out = torch.empty(RECORD_BYTES, dtype=torch.uint8)
+        scatter_list = None
+        if records is not None:
+            scatter_list = [torch.from_numpy(records[self._local_of_group[g]]) for g in range(self.world_size)]
+        with self._translate("object scatter"):
+            work = dist.scatter(out, scatter_list, group=self._cpu_group, group_src=self._group_rank_of[src], async_op=True)
+        self._wait([work], None, "object scatter")
+        return out.numpy()
+
+    @override
+    def _exchange(self, sends: Mapping[int, np.ndarray], recvs: Mapping[int, np.ndarray]) -> None:
+        if not sends and not recvs:
+            return
+        with self._translate("object transfer"):
+            works = self._p2p(
+                {r: torch.from_numpy(a) for r, a in sends.items()},
+                {r: torch.from_numpy(a) for r, a in recvs.items()},
+                self._cpu_group,
+            )
+        self._wait(works, None, "object transfer")
+
+
+def _topology_from_env() -> Topology:
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", dist.get_world_size()))
+    rank = dist.get_rank()
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local_rank = int(os.environ.get("LOCAL_RANK", rank % max(local_size, 1)))
+    node_rank = int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", rank // max(local_size, 1))))
+    return Topology(local_rank, local_size, node_rank, max(1, -(-world // max(local_size, 1))))
