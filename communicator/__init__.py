@@ -16,7 +16,7 @@ from communicator.errors import (
     RemoteError,
 )
 from communicator.handles import Handle
-from communicator.launch import launch
+from communicator.spawn import launch
 from communicator.nondist import NonDistComm
 from communicator.torch_comm import TorchComm
 

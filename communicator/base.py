@@ -20,7 +20,7 @@ import torch
 from communicator.dicts import all_reduce_dict
 from communicator.results import collect_results
 from communicator.config import CommConfig, ConfigLike
-from communicator.errors import ConfigError
+from communicator.errors import CommError, ConfigError
 from communicator.ops import ReduceOpLike
 from communicator.records import (
     RECORD_BYTES,
@@ -308,6 +308,59 @@ class Communicator(abc.ABC):
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Handle:
         """Start receiving into ``tensor`` from ``src``; ``wait()`` returns the tensor."""
 
+    # -- groups ---------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def new_group(self, ranks: Sequence[int]) -> Communicator:
+        """A communicator over ``ranks`` of this one (in the order given); every rank calls it.
+
+        Ranks outside ``ranks`` get a communicator whose collectives raise ``NotMemberError``.
+        Groups are created once and cached; closing this communicator closes them.
+
+        Example::
+
+            # 4 ranks
+            pair = comm.new_group([3, 1])       # world rank 3 is pair.rank 0, world rank 1 is pair.rank 1
+        """
+
+    @abc.abstractmethod
+    def split(self, color: int | None, key: int | None = None) -> Communicator:
+        """MPI ``Comm_Split``: ranks with the same ``color`` form a group, ordered by ``key`` then rank.
+
+        ``color=None`` joins no group (the result's collectives raise ``NotMemberError``).
+
+        Example::
+
+            # ranks 0..3
+            half = comm.split(color=comm.rank // 2)   # ranks 0,1 -> group A; 2,3 -> group B
+            half.rank                                 # rank 0: 0, rank 1: 1, rank 2: 0, rank 3: 1
+        """
+
+    @property
+    @abc.abstractmethod
+    def local_comm(self) -> Communicator:
+        """The ranks on this node. Every rank creates every node's group, so the first access is a
+        collective: make it on every rank."""
+
+    def grid(self, shape: tuple[int, int]) -> tuple[Communicator, Communicator]:
+        """Split a ``rows x cols`` layout into ``(row, col)`` communicators.
+
+        Rank ``r`` sits at row ``r // cols``, column ``r % cols``; ``row`` holds the ``cols`` ranks of
+        its row (e.g. tensor parallel), ``col`` the ``rows`` ranks of its column (data parallel).
+
+        Example::
+
+            # 4 ranks, shape (2, 2)
+            row, col = comm.grid((2, 2))  # rank 3: row over ranks [2, 3], col over ranks [1, 3]
+        """
+        if (not isinstance(shape, tuple) or len(shape) != 2
+                or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)):
+            raise TypeError(f"grid needs a (rows, cols) tuple of positive ints, got {shape!r}")
+        rows, cols = shape
+        if rows * cols != self.world_size:
+            raise ValueError(f"grid {rows}x{cols} has {rows * cols} places but the communicator has {self.world_size} ranks")
+        return self.split(color=self.rank // cols), self.split(color=self.rank % cols)
+
     # -- primitives: raw bytes for object traffic ---------------------------------------------
 
     @abc.abstractmethod
@@ -330,6 +383,11 @@ class Communicator(abc.ABC):
         """
 
     # -- validation shared by every implementation -------------------------------------------
+
+    def _enter(self, what: str) -> None:
+        """Called first by every collective: refuse a closed (or, in subclasses, unusable) communicator."""
+        if self._closed:
+            raise CommError(f"{what}: this communicator is closed")
 
     def _check_rank(self, name: str, value: object) -> int:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -377,6 +435,7 @@ class Communicator(abc.ABC):
             comm.all_gather_object(obj)         # both: [{"a": 1}, [2, 3]]
             # one process: [obj]
         """
+        self._enter("all_gather_object")
         where = "all_gather_object"
         frame, record, error = self._encode(obj, where)
         records = check_records(self._gather_records(record), range(self.world_size), self.rank, error, where)
@@ -396,6 +455,7 @@ class Communicator(abc.ABC):
             comm.gather_object(obj, dst=1)      # rank 0: None   rank 1: ["a", "b"]
             # one process: [obj]
         """
+        self._enter("gather_object")
         dst = self._check_rank("dst", dst)
         where = "gather_object"
         frame, record, error = self._encode(obj, where)
@@ -418,6 +478,7 @@ class Communicator(abc.ABC):
             comm.broadcast_object(obj, src=0)   # both: {"lr": 0.1}
             # one process: obj
         """
+        self._enter("broadcast_object")
         src = self._check_rank("src", src)
         where = "broadcast_object"
         frame: np.ndarray | None = None
@@ -445,6 +506,7 @@ class Communicator(abc.ABC):
             # rank 0: [1, "a"]                  rank 1: [None, None]
             comm.broadcast_object_list(objs)    # both: [1, "a"]
         """
+        self._enter("broadcast_object_list")
         if not isinstance(objects, list):
             raise TypeError(f"broadcast_object_list needs a list, got {type(objects).__name__}")
         received = self.broadcast_object(objects if self.rank == src else None, src)
@@ -464,6 +526,7 @@ class Communicator(abc.ABC):
             comm.scatter_object(objs, src=0)    # rank 0: "a"   rank 1: "b"
             # one process: objects[0]
         """
+        self._enter("scatter_object")
         src = self._check_rank("src", src)
         where = "scatter_object"
         frames: list[np.ndarray] = []
@@ -506,6 +569,7 @@ class Communicator(abc.ABC):
 
         If ``obj`` cannot be serialised, this rank raises and the receiver gets a ``RemoteError``.
         """
+        self._enter("send_object")
         dst = self._check_rank("dst", dst)
         if dst == self.rank:
             raise ValueError(f"send_object: dst={dst} is this rank; a rank cannot send to itself")
@@ -525,6 +589,7 @@ class Communicator(abc.ABC):
             # rank 0: comm.send_object({"x": 1}, dst=1)
             # rank 1: comm.recv_object(src=0)   # -> {"x": 1}
         """
+        self._enter("recv_object")
         src = self._check_rank("src", src)
         if src == self.rank:
             raise ValueError(f"recv_object: src={src} is this rank; a rank cannot receive from itself")
@@ -554,6 +619,7 @@ class Communicator(abc.ABC):
             comm.all_reduce_dict(d, op="mean")        # both: {"loss": tensor(2.), "n": 3.0}
             # one process: the same values (integer means as floats)
         """
+        self._enter("all_reduce_dict")
         return all_reduce_dict(self, data, op)
 
     def collect_results(
@@ -578,6 +644,7 @@ class Communicator(abc.ABC):
             comm.collect_results(part, size=4)  # rank 0: ["a", "b", "c", "d"]   rank 1: None
             # one process: results[:size]
         """
+        self._enter("collect_results")
         return collect_results(self, results, size, dst, order, device)
 
     def sync_random_seed(self, seed: int | None = None) -> int:
@@ -590,6 +657,7 @@ class Communicator(abc.ABC):
             # rank 0 draws 1234                 rank 1 passes nothing
             comm.sync_random_seed()             # both: 1234
         """
+        self._enter("sync_random_seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
         if seed is None and self.is_main_process:
@@ -599,6 +667,7 @@ class Communicator(abc.ABC):
 
     def check_random_states(self) -> bool:
         """Whether the Python, NumPy and torch global RNG states agree on every rank."""
+        self._enter("check_random_states")
         digest = _rng_digest()
         return len(set(self.all_gather_object(digest))) == 1
 

@@ -13,7 +13,7 @@ from communicator.errors import CommError, ConfigError
 from communicator.launchers import LAUNCHERS, detect_launcher
 from communicator.launchers.base import LauncherEnv
 from communicator.nondist import NonDistComm
-from communicator.torch_comm import Topology, TorchComm
+from communicator.torch_comm import Topology, TorchComm, restore_environ
 
 __all__ = ["create", "resolve_backend"]
 
@@ -69,17 +69,9 @@ def _initialize(config: CommConfig, env: LauncherEnv) -> TorchComm:
     except BaseException as error:
         if dist.is_initialized():
             dist.destroy_process_group()
-        _restore(saved)
+        restore_environ(saved)
         if isinstance(error, (CommError, KeyboardInterrupt)):
             raise
         raise CommError(f"could not start the {backend} group at {init_method} (rank {env.rank} of {env.world_size}): {error}") from error
     comm._env_restore = saved
     return comm
-
-
-def _restore(saved: dict[str, str | None]) -> None:
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value

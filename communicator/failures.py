@@ -30,7 +30,9 @@ class FailureBoard:
     barriers that name the ranks which did not arrive.
     """
 
-    def __init__(self, store: dist.Store, world_size: int) -> None:
+    def __init__(self, store: dist.Store, world_size: int, name: str) -> None:
+        #: The namespace's path in the store; unique in the job.
+        self.name = name
         self._store = store
         self._world_size = world_size
         self._barriers = 0
@@ -44,12 +46,17 @@ class FailureBoard:
         if comm.rank == 0:
             number[0] = base.add(_BOARDS_KEY, 1)
         dist.broadcast(number, group=comm._cpu_group, group_src=comm._group_rank_of[0])
-        return cls(dist.PrefixStore(f"communicator/board{int(number.item())}/", base), comm.world_size)
+        name = f"board{int(number.item())}/"
+        return cls(dist.PrefixStore(f"communicator/{name}", base), comm.world_size, name)
+
+    def next_child(self) -> int:
+        """A number for the next batch of subgroups; every member asks in the same order, so numbers agree."""
+        self._children += 1
+        return self._children
 
     def child(self, world_size: int, name: str) -> FailureBoard:
-        """A namespace for a subgroup; members create children in the same order, so names agree."""
-        self._children += 1
-        return FailureBoard(dist.PrefixStore(f"{name}{self._children}/", self._store), world_size)
+        """A namespace for a subgroup, inside this one."""
+        return FailureBoard(dist.PrefixStore(name, self._store), world_size, self.name + name)
 
     def post(self, rank: int, error: BaseException, where: str, fatal: bool = True) -> None:
         """Announce that ``rank`` failed with ``error``; never raises (the store may be gone)."""

@@ -174,6 +174,29 @@ class NonDistComm(Communicator):
         self._no_peer("src", src)
         return Handle.done(tensor)
 
+    # -- groups: a world of one splits into itself ------------------------------------------------
+
+    @override
+    def new_group(self, ranks: Sequence[int]) -> Communicator:
+        if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence) or len(ranks) != 1:
+            raise TypeError(f"ranks must be a non-empty sequence of ranks of this communicator, got {ranks!r}")
+        self._check_rank("ranks[0]", ranks[0])
+        return NonDistComm(self.config, reason="a subgroup of a single process")
+
+    @override
+    def split(self, color: int | None, key: int | None = None) -> Communicator:
+        for name, value in (("color", color), ("key", key)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"split: {name} must be an int or None, got {type(value).__name__}")
+        if color is not None and color < 0:
+            raise ValueError(f"split: color must be >= 0 (or None to join no group), got {color}")
+        return NonDistComm(self.config, reason="a split of a single process")
+
+    @property
+    @override
+    def local_comm(self) -> Communicator:
+        return self
+
     # -- raw primitives: a world of one exchanges with itself ------------------------------
 
     @override

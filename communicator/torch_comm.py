@@ -7,7 +7,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,7 +21,10 @@ from communicator.failures import FailureBoard
 from communicator.handles import Handle
 from communicator.ops import ReduceOpLike, check_op_dtype, parse_op, torch_op
 
-__all__ = ["Topology", "TorchComm"]
+if TYPE_CHECKING:
+    from communicator.subgroup import SubgroupComm
+
+__all__ = ["Topology", "TorchComm", "restore_environ"]
 
 # How long a blocked wait sleeps between looks at the failure board.
 POLL_SECONDS = 0.05
@@ -55,6 +58,8 @@ class TorchComm(Communicator):
     default group without taking ownership.
     """
 
+    _parent: TorchComm | None = None
+
     def __init__(
         self,
         config: CommConfig,
@@ -84,6 +89,10 @@ class TorchComm(Communicator):
         self._cpu_group = cpu_group if cpu_group is not None else self._make_cpu_group()
         self._board = board if board is not None else FailureBoard.for_group(self)
         self._env_restore: dict[str, str | None] = {}
+        self._children: list[SubgroupComm] = []
+        self._local: Communicator | None = None
+        # Torch groups this communicator created, by (sorted world ranks, created by members only).
+        self._groups: dict[tuple[tuple[int, ...], bool], tuple[Any, Any]] = {}
 
     # -- construction helpers ----------------------------------------------------------------
 
@@ -111,31 +120,38 @@ class TorchComm(Communicator):
     # -- lifecycle ---------------------------------------------------------------------------
 
     @override
+    def _enter(self, what: str) -> None:
+        super()._enter(what)
+
+    @override
     def _release(self, failed: bool, error: BaseException | None) -> None:
         if self._closed:
             return
-        self._closed = True
-        if failed and error is not None:
-            self._board.post(self.rank, error, "the communicator's block", fatal=True)
-        if self._owner and dist.is_initialized():
-            if not failed:
-                with contextlib.suppress(CommError):
-                    self.barrier()
-            if failed:
-                with contextlib.suppress(Exception):
-                    self._group.abort()
-            dist.destroy_process_group()
-        self._restore_env()
+        try:
+            if failed and error is not None:
+                self._board.post(self.rank, error, "the communicator's block", fatal=True)
+            elif self._owner and dist.is_initialized():
+                # Nobody tears down the store (rank 0 hosts it) while a peer still needs it.
+                self.barrier()
+        finally:
+            self._closed = True
+            for child in self._children:
+                child._release(failed, None)
+            if self._owner and dist.is_initialized():
+                if failed:
+                    with contextlib.suppress(Exception):
+                        self._group.abort()
+                dist.destroy_process_group()
+            elif dist.is_initialized():
+                for created in self._created_groups():
+                    with contextlib.suppress(Exception):
+                        dist.destroy_process_group(created)
+            restore_environ(self._env_restore)
+            self._env_restore = {}
 
-    def _restore_env(self) -> None:
-        import os
-
-        for key, value in self._env_restore.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        self._env_restore.clear()
+    def _created_groups(self) -> list[dist.ProcessGroup]:
+        unique = {id(g): g for pair in self._groups.values() for g in pair if isinstance(g, dist.ProcessGroup)}
+        return list(unique.values())
 
     # -- rank queries --------------------------------------------------------------------------
 
@@ -198,6 +214,102 @@ class TorchComm(Communicator):
         if global_rank not in self._global_ranks:
             raise ValueError(f"world rank {global_rank} is not a member of this communicator {list(self._global_ranks)}")
         return self._global_ranks.index(global_rank)
+
+    # -- subgroups ------------------------------------------------------------------------------
+
+    def _members(self, ranks: object) -> list[int]:
+        if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence) or not ranks:
+            raise TypeError(f"ranks must be a non-empty sequence of ranks of this communicator, got {ranks!r}")
+        members = [self._check_rank(f"ranks[{i}]", r) for i, r in enumerate(ranks)]
+        if len(set(members)) != len(members):
+            raise ValueError(f"ranks {members} repeat a rank; each rank may appear once")
+        return members
+
+    @override
+    def new_group(self, ranks: Sequence[int]) -> SubgroupComm:
+        self._enter("new_group")
+        members = self._members(ranks)
+        everyone = self.all_gather_object(members)
+        if any(other != members for other in everyone):
+            raise CollectiveMismatchError(
+                {r: f"new_group({other})" for r, other in enumerate(everyone)}, "new_group: ranks passed different member lists"
+            )
+        return self._create_subgroups([members])
+
+    @override
+    def split(self, color: int | None, key: int | None = None) -> SubgroupComm:
+        self._enter("split")
+        for name, value in (("color", color), ("key", key)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"split: {name} must be an int or None, got {type(value).__name__}")
+        if color is not None and color < 0:
+            raise ValueError(f"split: color must be >= 0 (or None to join no group), got {color}")
+        pairs = self.all_gather_object((color, self.rank if key is None else key))
+        colors = sorted({c for c, _ in pairs if c is not None})
+        groups = [[r for _, r in sorted((k, r) for r, (c, k) in enumerate(pairs) if c == each)] for each in colors]
+        return self._create_subgroups(groups)
+
+    @property
+    @override
+    def local_comm(self) -> Communicator:
+        if self._local is None:
+            self._enter("local_comm")
+            nodes = self.all_gather_object(self.node_rank)
+            self._local = self._create_subgroups([[r for r, n in enumerate(nodes) if n == node] for node in sorted(set(nodes))])
+        return self._local
+
+    def _root(self) -> TorchComm:
+        comm: TorchComm = self
+        while comm._parent is not None:
+            comm = comm._parent
+        return comm
+
+    def _torch_groups(self, world_ranks: tuple[int, ...], name: str | None) -> tuple[Any, Any]:
+        """The torch group (and its gloo companion) for these world ranks, created once.
+
+        ``name=None``: every world rank takes part (torch's rule). Otherwise only the members
+        create it, under ``name``, which they all derived the same way.
+        """
+        shared = (world_ranks, True)
+        if name is not None and shared in self._groups:
+            return self._groups[shared]  # every world rank created this one: the members have it
+        key = (world_ranks, name is None)
+        if key not in self._groups:
+            group = _new_group(world_ranks, self._timeout, None, name)
+            cpu_group = group
+            if self._backend != "gloo" and self.config.object_backend == "gloo":
+                cpu_group = _new_group(world_ranks, self._timeout, "gloo", None if name is None else f"{name}cpu")
+            self._groups[key] = (group, cpu_group)
+        return self._groups[key]
+
+    def _create_subgroups(self, groups: list[list[int]]) -> SubgroupComm:
+        """Create ``groups`` (lists of this communicator's ranks) and return the one holding this rank.
+
+        From the world communicator every rank creates every group, in the same order (torch's
+        rule, so it works across nodes); inside a subgroup only the members of each new group
+        create it, since the other ranks of the job never call this.
+        """
+        from communicator.subgroup import SubgroupComm
+
+        root = self._root()
+        everyone_creates = self is root
+        number = self._board.next_child()
+        mine: SubgroupComm | None = None
+        for index, members in enumerate(groups):
+            world_ranks = [self._global_ranks[r] for r in members]
+            if everyone_creates or self.rank in members:
+                name = f"sub{number}.{index}/"
+                group, cpu_group = root._torch_groups(
+                    tuple(sorted(world_ranks)), None if everyone_creates else f"communicator/{self._board.name}{name}"
+                )
+                if self.rank in members:
+                    board = self._board.child(len(members), name)
+                    mine = SubgroupComm(self, world_ranks, group, cpu_group, board)
+        if mine is None:
+            outside = [self._global_ranks[r] for r in groups[0]] if len(groups) == 1 else []
+            mine = SubgroupComm(self, outside, None, None, None)
+        self._children.append(mine)
+        return mine
 
     # -- waiting: timeouts, lost peers and failures of other ranks ------------------------------
 
@@ -289,6 +401,7 @@ class TorchComm(Communicator):
 
     @override
     def barrier(self, timeout: float | None = None) -> None:
+        self._enter("barrier")
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
                 raise ValueError(f"barrier timeout must be a positive number of seconds, got {timeout!r}")
@@ -300,6 +413,7 @@ class TorchComm(Communicator):
 
     @override
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOpLike = "sum", async_op: bool = False) -> Any:
+        self._enter("all_reduce")
         tensor = self._check_tensor("tensor", tensor)
         name = parse_op(op)
         check_op_dtype(name, tensor.dtype)
@@ -314,6 +428,7 @@ class TorchComm(Communicator):
 
     @override
     def broadcast(self, tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Any:
+        self._enter("broadcast")
         tensor = self._check_tensor("tensor", tensor)
         src = self._check_rank("src", src)
         return self._in_place(
@@ -326,6 +441,7 @@ class TorchComm(Communicator):
 
     @override
     def reduce(self, tensor: torch.Tensor, dst: int = 0, op: ReduceOpLike = "sum", async_op: bool = False) -> Any:
+        self._enter("reduce")
         tensor = self._check_tensor("tensor", tensor)
         dst = self._check_rank("dst", dst)
         name = parse_op(op)
@@ -386,6 +502,7 @@ class TorchComm(Communicator):
 
     @override
     def all_gather(self, tensor: torch.Tensor, async_op: bool = False) -> Any:
+        self._enter("all_gather")
         tensor = self._check_tensor("tensor", tensor)
         metas = self._gather_metas(self._meta(tensor), "all_gather")
         source = self._on_device(tensor)
@@ -395,11 +512,12 @@ class TorchComm(Communicator):
         uniform = all(shape == metas[0][1] for _, shape in metas)
         with self._mode(tensor, *outputs), self._translate("all_gather"):
             if uniform and (self._backend == "nccl" or source.numel() * source.element_size() < P2P_MIN_BYTES):
-                flat = torch.empty((self.world_size, *source.shape), dtype=source.dtype, device=self._device)
-                works = [_all_gather_single(flat, source, group=self._group, async_op=True)]
+                flat = torch.empty(self.world_size * source.numel(), dtype=source.dtype, device=self._device)
+                works = [_all_gather_single(flat, source.reshape(-1), group=self._group, async_op=True)]
 
                 def finish() -> list[torch.Tensor]:
-                    return [flat[self._group_rank_of[r]] for r in range(self.world_size)]
+                    rows = flat.view(self.world_size, *source.shape)
+                    return [rows[self._group_rank_of[r]].clone() for r in range(self.world_size)]
             else:
                 others = {r: out for r, out in enumerate(outputs) if r != self.rank}
                 works = self._p2p(dict.fromkeys(others, source), others, self._group)
@@ -412,6 +530,7 @@ class TorchComm(Communicator):
 
     @override
     def gather(self, tensor: torch.Tensor, dst: int = 0, async_op: bool = False) -> Any:
+        self._enter("gather")
         tensor = self._check_tensor("tensor", tensor)
         dst = self._check_rank("dst", dst)
         metas = self._gather_metas(self._meta(tensor), "gather")
@@ -431,6 +550,7 @@ class TorchComm(Communicator):
 
     @override
     def scatter(self, tensors: Sequence[torch.Tensor] | None, src: int = 0, async_op: bool = False) -> Any:
+        self._enter("scatter")
         src = self._check_rank("src", src)
         metas = torch.zeros(self.world_size, 2 + MAX_NDIM, dtype=torch.int64)
         sources: list[torch.Tensor] = []
@@ -458,6 +578,7 @@ class TorchComm(Communicator):
 
     @override
     def reduce_scatter(self, tensors: Sequence[torch.Tensor], op: ReduceOpLike = "sum", async_op: bool = False) -> Any:
+        self._enter("reduce_scatter")
         if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence) or len(tensors) != self.world_size:
             raise ValueError(f"reduce_scatter needs a sequence of {self.world_size} tensors (one per rank)")
         inputs = [self._on_device(self._check_tensor(f"tensors[{i}]", t)) for i, t in enumerate(tensors)]
@@ -477,6 +598,7 @@ class TorchComm(Communicator):
 
     @override
     def all_to_all(self, tensors: Sequence[torch.Tensor], async_op: bool = False) -> Any:
+        self._enter("all_to_all")
         if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence) or len(tensors) != self.world_size:
             raise ValueError(f"all_to_all needs a sequence of {self.world_size} tensors (one per rank)")
         inputs = [self._on_device(self._check_tensor(f"tensors[{i}]", t)) for i, t in enumerate(tensors)]
@@ -516,6 +638,7 @@ class TorchComm(Communicator):
 
     @override
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle[None]:
+        self._enter("isend")
         tensor = self._check_tensor("tensor", tensor)
         dst = self._peer("dst", dst)
         source = self._on_device(tensor)
@@ -525,6 +648,7 @@ class TorchComm(Communicator):
 
     @override
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Handle[torch.Tensor]:
+        self._enter("irecv")
         tensor = self._check_tensor("tensor", tensor)
         src = self._peer("src", src)
         target = self._on_device(tensor)
@@ -583,6 +707,32 @@ class TorchComm(Communicator):
                 self._cpu_group,
             )
         self._wait(works, None, "object transfer")
+
+
+def _new_group(world_ranks: tuple[int, ...], timeout: timedelta, backend: str | None, name: str | None) -> Any:
+    if name is None:
+        return dist.new_group(list(world_ranks), timeout=timeout, backend=backend)
+    # torch names members-only groups after the number of groups this process knows, which
+    # differs between ranks that were members of earlier groups and ranks that were not; the
+    # members would then rendezvous under different names and hang. They share ``name`` instead.
+    c10d = dist.distributed_c10d
+    derive_name = c10d._process_group_name
+    c10d._process_group_name = lambda ranks, use_hashed_name: c10d.GroupName(name)
+    try:
+        return dist.new_group(list(world_ranks), timeout=timeout, backend=backend, use_local_synchronization=True)
+    finally:
+        c10d._process_group_name = derive_name
+
+
+def restore_environ(saved: Mapping[str, str | None]) -> None:
+    """Put back environment variables as they were (``None``: it was unset)."""
+    import os
+
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def _topology_from_env() -> Topology:

@@ -46,9 +46,7 @@ LAUNCHERS: tuple[type[LauncherEnv], ...] = (
     SlurmEnv,
 )
 
-_MPI_FAMILY: tuple[type[LauncherEnv], ...] = tuple(
-    launcher for launcher in LAUNCHERS if issubclass(launcher, MPIEnv)
-)
+_MPI_FAMILY: tuple[type[LauncherEnv], ...] = tuple(launcher for launcher in LAUNCHERS if issubclass(launcher, MPIEnv))
 
 
 def launcher_names() -> tuple[str, ...]:
@@ -79,18 +77,14 @@ def detect_launcher(
         if launcher.detect(env):
             absent = _missing(launcher, env, master_addr, master_port)
             if absent:
-                raise ConfigError(
-                    f"{launcher.name} launcher detected but {', '.join(absent)} not set"
-                    f"{_hint(launcher)}"
-                )
+                raise ConfigError(f"{launcher.name} launcher detected but {', '.join(absent)} not set{_hint(launcher)}")
             found = launcher(env, master_addr=master_addr, master_port=master_port)
             found.validate()
             return found
     if name == "auto":
         return None
     needs = "; ".join(
-        f"{launcher.name} needs {', '.join(_missing(launcher, env, master_addr, master_port))}"
-        f"{_hint(launcher)}"
+        f"{launcher.name} needs {', '.join(_missing(launcher, env, master_addr, master_port))}{_hint(launcher)}"
         for launcher in candidates
     )
     raise ConfigError(f"launcher={name!r} was requested but its variables are not set: {needs}")
@@ -109,12 +103,8 @@ def describe_environment(environ: Mapping[str, str] | None = None) -> list[str]:
         else:
             hint = _hint(launcher) if set(launcher.variables) & env.keys() else ""
             status = f"not detected, {', '.join(launcher.missing(env))} not set{hint}"
-        shown = [
-            f"{variable}={env[variable]}" for variable in launcher.variables if variable in env
-        ]
-        lines.append(
-            f"{launcher.name}: {status}; {', '.join(shown) or 'none of its variables set'}"
-        )
+        shown = [f"{variable}={env[variable]}" for variable in launcher.variables if variable in env]
+        lines.append(f"{launcher.name}: {status}; {', '.join(shown) or 'none of its variables set'}")
     return lines
 
 
@@ -126,9 +116,7 @@ def _candidates(name: str) -> tuple[type[LauncherEnv], ...]:
     for launcher in LAUNCHERS:
         if launcher.name == name:
             return (launcher,)
-    raise ConfigError(
-        f"launcher={name!r} is unknown; expected one of {', '.join(launcher_names())}"
-    )
+    raise ConfigError(f"launcher={name!r} is unknown; expected one of {', '.join(launcher_names())}")
 
 
 def _missing(

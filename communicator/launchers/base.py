@@ -15,9 +15,7 @@ __all__ = ["LauncherEnv", "check_port", "read_int"]
 _INTEGER = re.compile(r"-?[0-9]+")
 
 
-def read_int(
-    environ: Mapping[str, str], name: str, *, minimum: int = 0, launcher: str = ""
-) -> int | None:
+def read_int(environ: Mapping[str, str], name: str, *, minimum: int = 0, launcher: str = "") -> int | None:
     """The integer in ``environ[name]`` (at least ``minimum``), or ``None`` when it is unset."""
     raw = environ.get(name)
     if raw is None:
@@ -172,9 +170,7 @@ class LauncherEnv(abc.ABC):
         """The integer in variable ``name``, which must be set."""
         value = self._optional_int(name, minimum=minimum)
         if value is None:
-            raise ConfigError(
-                f"{self.name}: {name} is not set; expected an integer >= {minimum} from the launcher"
-            )
+            raise ConfigError(f"{self.name}: {name} is not set; expected an integer >= {minimum} from the launcher")
         return value
 
     def _optional_str(self, name: str) -> str | None:
@@ -208,8 +204,7 @@ class LauncherEnv(abc.ABC):
         """``value`` (read from ``name``) when it is less than ``bound`` (read from ``bound_name``)."""
         if value >= bound:
             raise ConfigError(
-                f"{self.name}: {name}={value} is out of range; expected a value below "
-                f"{bound_name} ({bound})"
+                f"{self.name}: {name}={value} is out of range; expected a value below {bound_name} ({bound})"
             )
         return value
 
@@ -221,8 +216,7 @@ class LauncherEnv(abc.ABC):
             return self.world_size
         if value > self.world_size:
             raise ConfigError(
-                f"{self.name}: {name}={value} is out of range; expected at most the world size "
-                f"({self.world_size})"
+                f"{self.name}: {name}={value} is out of range; expected at most the world size ({self.world_size})"
             )
         return value
 

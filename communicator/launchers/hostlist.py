@@ -92,9 +92,7 @@ def _parse(hostlist: str) -> list[list[_Part]]:
         elif char == "[":
             close = text.find("]", position + 1)
             if close < 0 or "[" in text[position + 1 : close]:
-                raise ConfigError(
-                    f"hostlist {hostlist!r} has an unbalanced '['; expected 'name[1-4]'"
-                )
+                raise ConfigError(f"hostlist {hostlist!r} has an unbalanced '['; expected 'name[1-4]'")
             if literal:
                 parts.append(literal)
                 literal = ""
@@ -125,14 +123,10 @@ def _group(inner: str, hostlist: str) -> tuple[_Span, ...]:
 def _span(entry: str, hostlist: str) -> _Span:
     bounds = entry.split("-")
     if len(bounds) > 2 or not all(bound.isdigit() and bound.isascii() for bound in bounds):
-        raise ConfigError(
-            f"hostlist {hostlist!r} has a bad range {entry!r}; expected 'n' or 'lo-hi' with digits"
-        )
+        raise ConfigError(f"hostlist {hostlist!r} has a bad range {entry!r}; expected 'n' or 'lo-hi' with digits")
     first, last = int(bounds[0]), int(bounds[-1])
     if last < first:
-        raise ConfigError(
-            f"hostlist {hostlist!r} has a decreasing range {entry!r}; expected lo <= hi"
-        )
+        raise ConfigError(f"hostlist {hostlist!r} has a decreasing range {entry!r}; expected lo <= hi")
     return _Span(first, last, len(bounds[0]))
 
 
@@ -142,9 +136,7 @@ def _expand(pattern: Sequence[_Part]) -> Iterator[str]:
         yield ""
         return
     head, rest = pattern[0], pattern[1:]
-    heads: Iterable[str] = (
-        [head] if isinstance(head, str) else (name for span in head for name in span.names())
-    )
+    heads: Iterable[str] = [head] if isinstance(head, str) else (name for span in head for name in span.names())
     for prefix in heads:
         for suffix in _expand(rest):
             yield prefix + suffix

@@ -4,8 +4,9 @@ torch's CPU wheel has no MPI backend, so the ranks MPI reports are used to build
 NCCL) group, which needs a rendezvous host and port that MPI does not provide:
 
 - host: ``MASTER_ADDR``; else, inside a Slurm allocation, the first host of the job's node list
-  (where ``mpirun`` places rank 0); else ``127.0.0.1`` when the job fits on one node. A multi-node
-  job outside Slurm without ``MASTER_ADDR`` is a ConfigError.
+  (where ``mpirun`` places rank 0), or of the step's when srun started the ranks; else
+  ``127.0.0.1`` when the job fits on one node. A multi-node job outside Slurm without
+  ``MASTER_ADDR`` is a ConfigError.
 - port: ``MASTER_PORT``; else, inside Slurm, the port derived from ``SLURM_JOB_ID`` (see
   :mod:`communicator.launchers.slurm`); else ``DEFAULT_MASTER_PORT`` (29500, torch's default).
 """
@@ -21,6 +22,7 @@ from communicator.errors import ConfigError
 from communicator.launchers.base import LauncherEnv
 from communicator.launchers.slurm import (
     JOB_NODELIST_VARIABLES,
+    STEP_NODELIST_VARIABLES,
     SlurmEnv,
     master_addr_from_nodelist,
     master_port_from_job_id,
@@ -114,19 +116,26 @@ class MPIEnv(LauncherEnv):
         """Slurm's view of this process when srun started every rank itself (``srun --mpi=pmi2``
         sets ``PMI_RANK``/``PMI_SIZE`` but no local variables): its task id and count are the MPI
         rank and size. ``mpirun`` inside an allocation fails this test (its ranks share the
-        launching step's ``SLURM_PROCID`` and task count), so Slurm's variables are then ignored."""
+        launching step's ``SLURM_PROCID`` and task count), so Slurm's variables are then ignored,
+        as they are when inconsistent: the MPI variables are the authority."""
         if not SlurmEnv.detect(self.environ):
             return None
         srun = SlurmEnv(self.environ)
-        return srun if (srun.rank, srun.world_size) == (self.rank, self.world_size) else None
+        try:
+            same_task = (srun.rank, srun.world_size) == (self.rank, self.world_size)
+        except ConfigError:
+            return None
+        return srun if same_task else None
 
     @override
     def _master_addr_from_env(self) -> tuple[str, str]:
         addr = self._optional_str("MASTER_ADDR")
         if addr is not None:
             return addr, "MASTER_ADDR"
-        # Only the job's list: ranks on other nodes run in a step of their own with another list.
-        derived = master_addr_from_nodelist(self.environ, JOB_NODELIST_VARIABLES)
+        # Ranks started by srun share one step, whose first node runs rank 0; under mpirun only the
+        # job's list is common to all ranks (remote ranks run in a launcher step of their own).
+        lists = JOB_NODELIST_VARIABLES if self._srun_task() is None else STEP_NODELIST_VARIABLES
+        derived = master_addr_from_nodelist(self.environ, lists)
         if derived is not None:
             return derived
         if self.num_nodes > 1:

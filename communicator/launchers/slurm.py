@@ -51,9 +51,7 @@ def expand_tasks_per_node(value: str) -> list[int]:
     for entry in value.strip().split(","):
         match = _TASKS_ENTRY.fullmatch(entry.strip())
         if match is None or int(match[1]) < 1 or (match[2] is not None and int(match[2]) < 1):
-            raise ConfigError(
-                f"tasks per node {value!r} has a bad entry {entry!r}; expected counts like '2(x3),1'"
-            )
+            raise ConfigError(f"tasks per node {value!r} has a bad entry {entry!r}; expected counts like '2(x3),1'")
         counts += [int(match[1])] * int(match[2] or 1)
     return counts
 
@@ -181,18 +179,14 @@ class SlurmEnv(LauncherEnv):
             return port, "MASTER_PORT"
         derived = master_port_from_job_id(self.environ)
         if derived is None:
-            raise ConfigError(
-                "slurm: neither MASTER_PORT nor SLURM_JOB_ID is set; expected a job id from srun"
-            )
+            raise ConfigError("slurm: neither MASTER_PORT nor SLURM_JOB_ID is set; expected a job id from srun")
         return derived
 
     def _world(self) -> tuple[str, int]:
         """The step's task count and its variable: ``SLURM_STEP_NUM_TASKS`` when set, since a step
         started by a tool other than srun (MPICH's Hydra) keeps the job's ``SLURM_NTASKS``."""
         found = self._first_int("SLURM_STEP_NUM_TASKS", minimum=1)
-        return (
-            found if found is not None else ("SLURM_NTASKS", self._int("SLURM_NTASKS", minimum=1))
-        )
+        return found if found is not None else ("SLURM_NTASKS", self._int("SLURM_NTASKS", minimum=1))
 
     def _count_on_this_node(self, name: str, value: str) -> int:
         """This node's entry of a tasks-per-node list (``name`` holds ``value``)."""
@@ -204,8 +198,7 @@ class SlurmEnv(LauncherEnv):
         if node is None:
             if len(set(counts)) > 1:
                 raise ConfigError(
-                    f"slurm: SLURM_NODEID is not set; expected it to pick this node's entry of "
-                    f"{name}={value!r}"
+                    f"slurm: SLURM_NODEID is not set; expected it to pick this node's entry of {name}={value!r}"
                 )
             node = 0
         return counts[self._below("SLURM_NODEID", node, f"the node count of {name}", len(counts))]

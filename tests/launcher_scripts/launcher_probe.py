@@ -63,12 +63,13 @@ def import_launchers() -> types.ModuleType:
 
 
 def expected_layout(name: str) -> dict[str, int]:
+    """What the launcher's own variables say; a missing local variable (``srun --mpi=pmi2``
+    sets only ``PMI_RANK``/``PMI_SIZE``) falls back to srun's ``SLURM_LOCALID``."""
     rank_var, world_var, local_var, local_size_var = OWN_VARIABLES[name]
-    expected = {
-        "rank": int(os.environ[rank_var]),
-        "world_size": int(os.environ[world_var]),
-        "local_rank": int(os.environ[local_var]),
-    }
+    expected = {"rank": int(os.environ[rank_var]), "world_size": int(os.environ[world_var])}
+    local_rank = os.environ.get(local_var, os.environ.get("SLURM_LOCALID"))
+    if local_rank is not None:
+        expected["local_rank"] = int(local_rank)
     if local_size_var is not None and local_size_var in os.environ:
         expected["local_size"] = int(os.environ[local_size_var])
     return expected
@@ -92,11 +93,15 @@ def rendezvous(rank: int, world_size: int, addr: str, port: int, under_torchrun:
         total = torch.tensor([rank], dtype=torch.int64)
         dist.all_reduce(total)
         want = world_size * (world_size - 1) // 2
-        return (
-            "" if int(total.item()) == want else f"all_reduce gave {int(total.item())}, want {want}"
-        )
+        return "" if int(total.item()) == want else f"all_reduce gave {int(total.item())}, want {want}"
     finally:
         dist.destroy_process_group()
+
+
+def report(line: str) -> None:
+    """One write per line: launchers that merge the ranks' output keep each line whole."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def main() -> int:
@@ -111,10 +116,10 @@ def main() -> int:
     try:
         env = launchers.detect_launcher()
     except errors.ConfigError as error:
-        print(f"FAIL detect_launcher raised ConfigError: {error}")
+        report(f"FAIL detect_launcher raised ConfigError: {error}")
         return 1
     if env is None:
-        print(f"FAIL no launcher detected, expected {args.expect_launcher}")
+        report(f"FAIL no launcher detected, expected {args.expect_launcher}")
         return 1
     if args.show_env:
         for line in launchers.describe_environment():
@@ -130,17 +135,13 @@ def main() -> int:
             if got != want:
                 problems.append(f"{field}={got} but the launcher says {want}")
     if not problems and args.rendezvous:
-        failure = rendezvous(
-            env.rank, env.world_size, env.master_addr, env.master_port, env.name == "pytorch"
-        )
+        failure = rendezvous(env.rank, env.world_size, env.master_addr, env.master_port, env.name == "pytorch")
         if failure:
             problems.append(failure)
     if problems:
-        print(f"FAIL rank={env.rank} launcher={env.name}: " + "; ".join(problems))
+        report(f"FAIL rank={env.rank} launcher={env.name}: " + "; ".join(problems))
         return 1
-    print(
-        f"OK rank={env.rank} world={env.world_size} local_rank={env.local_rank} launcher={env.name}"
-    )
+    report(f"OK rank={env.rank} world={env.world_size} local_rank={env.local_rank} launcher={env.name}")
     return 0
 
 

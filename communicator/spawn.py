@@ -6,6 +6,7 @@ import faulthandler
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -59,11 +60,13 @@ def _rank_main(
     try:
         with Communicator.create(cfg) as comm:
             result = fn(comm, *args)
-        conn.send(_Outcome(True, result))
+        # Plain pickle: multiprocessing's would share tensors through file descriptors that die with this process.
+        conn.send_bytes(pickle.dumps(_Outcome(True, result)))
     except BaseException as error:  # noqa: BLE001 - every failure is reported to the parent
         text = "".join(traceback.format_exception(error))
         where = error.context if isinstance(error, RemoteError) else ""
-        conn.send(_Outcome(False, failure=RemoteFailure(rank, type(error).__name__, str(error), text, where)))
+        failure = RemoteFailure(rank, type(error).__name__, str(error), text, where)
+        conn.send_bytes(pickle.dumps(_Outcome(False, failure=failure)))
     finally:
         conn.close()
         trace_file.close()
@@ -110,7 +113,9 @@ def launch(
         raise ConfigError(f"launch() starts torchrun-style ranks; launcher={config.launcher!r} cannot apply")
     ctx = mp.get_context(start_method)
     if start_method == "forkserver":
-        ctx.set_forkserver_preload(_PRELOAD)
+        # Modules the ranks need anyway are imported once, in the fork server; pytest too when the
+        # caller runs under it, since ranks unpickle test functions by importing their module.
+        ctx.set_forkserver_preload(_PRELOAD + [m for m in ("pytest",) if m in sys.modules])
     port = free_port()
     workdir = tempfile.mkdtemp(prefix="communicator-launch-")
     processes: list[mp.process.BaseProcess] = []
@@ -179,7 +184,7 @@ def _collect(
 def _receive(process: mp.process.BaseProcess, conn: mpc.Connection, rank: int) -> _Outcome | None:
     try:
         if conn.poll():
-            outcome: _Outcome = conn.recv()
+            outcome: _Outcome = pickle.loads(conn.recv_bytes())
             return outcome
     except (EOFError, OSError):
         pass

@@ -1,0 +1,5 @@
+import sys
+
+from communicator.cli import main
+
+sys.exit(main())

@@ -1,0 +1,94 @@
+"""Start the ranks once and run every selected case inside them."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import pickle
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from communicator.base import Communicator
+from communicator.bench.cases import CASES, Case
+from communicator.bench.ops import Context, Op, build_ops, load_mmengine
+from communicator.bench.payloads import Sizes
+from communicator.bench.timing import Call, time_case
+from communicator.spawn import launch
+
+__all__ = ["CaseRun", "Plan", "run_benchmark"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What to run: the cases, how big, how often, on how many ranks."""
+
+    world_size: int
+    repeat: int
+    cases: tuple[str, ...]
+    sizes: Sizes
+
+
+@dataclasses.dataclass
+class CaseRun:
+    """One case's outcome, as rank 0 reports it."""
+
+    case: str
+    describe: str
+    bytes_per_rank: list[int]  # each rank's pickled payload
+    seconds: dict[Call, list[float]]  # per repetition, the slowest rank's
+    correct: dict[Call, bool]
+    errors: dict[Call, str]  # calls that failed in the check run, and were not timed
+
+
+def _progress(message: str) -> None:
+    if dist.get_rank() == 0:
+        print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def _pickled_lengths(payload: Any) -> list[int]:
+    own = torch.tensor([len(pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL))], dtype=torch.int64)
+    everyone = [torch.empty_like(own) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, own)
+    return [int(t.item()) for t in everyone]
+
+
+def _run_case(context: Context, ops: dict[str, Op], case: Case, plan: Plan) -> CaseRun:
+    payload = case.build(dist.get_rank(), dist.get_world_size(), plan.sizes)
+    lengths = _pickled_lengths(payload)
+    selected = [ops[name] for name in case.ops]
+    inputs = {op.name: op.prepare(payload, lengths) for op in selected}
+    calls = sum(len(op.impls) for op in selected)
+    _progress(
+        f"{case.name}: {case.describe}, {max(lengths) / 2**20:.2f} MiB per rank at most; "
+        f"{calls} calls x {plan.repeat} repetitions"
+    )
+    timings = time_case(context, selected, inputs, plan.repeat)
+    return CaseRun(case.name, case.describe, lengths, timings.seconds, timings.correct, timings.errors)
+
+
+def _bench_rank(comm: Communicator, plan: Plan, scratch: str) -> list[CaseRun] | None:
+    ops = build_ops(load_mmengine())
+    runs = []
+    with Communicator.create({"backend": "gloo", "serializer": "safe"}) as safe:
+        context = Context(comm, safe, scratch)
+        for case in CASES:
+            if case.name in plan.cases:
+                runs.append(_run_case(context, ops, case, plan))
+                gc.collect()  # the last case's payloads and results go before the next is built
+    return runs if comm.rank == 0 else None
+
+
+def run_benchmark(plan: Plan, timeout: float) -> list[CaseRun]:
+    """Run the plan on ``plan.world_size`` local gloo ranks; rank 0's report of every case."""
+    scratch = tempfile.mkdtemp(prefix="communicator-bench-")
+    try:
+        results = launch(_bench_rank, plan.world_size, {"backend": "gloo"}, (plan, scratch), timeout=timeout)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    runs: list[CaseRun] = results[0]
+    return runs

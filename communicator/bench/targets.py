@@ -1,0 +1,105 @@
+"""The speed this library aims for against its peers, and whether a run meets it."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+
+from communicator.bench.ops import MMENGINE, MMENGINE_GPU, OURS, OURS_SAFE, TORCH
+from communicator.bench.run import CaseRun
+from communicator.bench.timing import Call
+
+__all__ = ["TARGETS", "Outcome", "Target", "evaluate"]
+
+OBJECT_OPS = ("all_gather_object", "gather_object", "broadcast_object", "collect_results")
+RAW = ("all_gather_bytes", TORCH)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """``slower / faster`` (medians, summed over several ops) must reach ``at_least``, or stay under ``at_most``."""
+
+    case: str
+    what: str
+    slower: tuple[Call, ...]
+    faster: tuple[Call, ...]
+    at_least: float | None = None
+    at_most: float | None = None
+
+    @property
+    def label(self) -> str:
+        bound = f">= {self.at_least:g}" if self.at_least is not None else f"<= {self.at_most:g}"
+        return f"{self.case} {self.what} {bound}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    target: Target
+    ratio: float | None  # None when a side did not run
+
+    @property
+    def met(self) -> bool:
+        if self.ratio is None:
+            return False
+        if self.target.at_least is not None:
+            return self.ratio >= self.target.at_least
+        return self.target.at_most is not None and self.ratio <= self.target.at_most
+
+
+def _faster_than(case: str, op: str, peer: str, factor: float) -> Target:
+    return Target(case, f"{op} {peer}/ours", ((op, peer),), ((op, OURS),), at_least=factor)
+
+
+def _than_raw(case: str, op: str) -> Target:
+    return Target(case, f"{op} raw-all_gather/ours", (RAW,), ((op, OURS),), at_least=1.0)
+
+
+def _safe_close(case: str, ops: Sequence[str]) -> Target:
+    """The safe serializer's total time over a case's object ops, against the default's."""
+    safe, default = tuple((op, OURS_SAFE) for op in ops), tuple((op, OURS) for op in ops)
+    return Target(case, "object ops safe/ours", safe, default, at_most=1.10)
+
+
+TARGETS: tuple[Target, ...] = (
+    *(
+        target
+        for op in ("all_gather_object", "gather_object")
+        for target in (
+            _faster_than("arrays", op, TORCH, 3),
+            _faster_than("arrays", op, MMENGINE, 3),
+            _than_raw("arrays", op),
+            _faster_than("tensors", op, TORCH, 5),
+            _faster_than("unequal", op, TORCH, 6),
+        )
+    ),
+    _faster_than("arrays", "broadcast_object", TORCH, 2),
+    _faster_than("tensors", "broadcast_object", TORCH, 2),
+    *(_faster_than(case, "collect_results", MMENGINE, 2) for case in ("records", "arrays")),
+    *(_faster_than(case, "collect_results", MMENGINE_GPU, 5) for case in ("records", "arrays")),
+    *(_faster_than("small", op, TORCH, 1.5) for op in OBJECT_OPS[:3]),
+    *(_faster_than("records", op, TORCH, 1.0) for op in OBJECT_OPS[:3]),
+    _faster_than("dict100", "all_reduce_dict", MMENGINE, 1.0),
+    _safe_close("small", OBJECT_OPS[:3]),
+    *(_safe_close(case, OBJECT_OPS) for case in ("records", "arrays", "tensors", "unequal")),
+)
+
+
+def _total_median(run: CaseRun, calls: tuple[Call, ...]) -> float | None:
+    if any(call not in run.seconds for call in calls):
+        return None
+    return sum(statistics.median(run.seconds[call]) for call in calls)
+
+
+def evaluate(runs: Sequence[CaseRun]) -> list[Outcome]:
+    """Every target whose case ran, with its measured ratio."""
+    by_case = {run.case: run for run in runs}
+    outcomes = []
+    for target in TARGETS:
+        run = by_case.get(target.case)
+        if run is None:
+            continue
+        slower, faster = _total_median(run, target.slower), _total_median(run, target.faster)
+        ratio = slower / faster if slower is not None and faster else None
+        outcomes.append(Outcome(target, ratio))
+    return outcomes

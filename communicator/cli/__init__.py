@@ -1,0 +1,39 @@
+"""``python -m communicator`` / ``communicator``: demo, info, check and bench."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+# Each command is a module of this package with ``add_arguments(parser)`` and ``run(args) -> int``.
+COMMANDS = {
+    "demo": "run a distributed evaluation on local gloo ranks and check it against one process",
+    "info": "show what Communicator.create() would build here, and why",
+    "check": "run every collective once across the ranks of a real job and report pass/fail",
+    "bench": "time object and tensor collectives against torch.distributed and mmengine.dist",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="communicator", description="One object for distributed PyTorch.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
+    module = None
+    for name, help_text in COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:  # only the command that runs is imported (bench pulls in more than info)
+            module = importlib.import_module(f"communicator.cli.{name}")
+            module.add_arguments(sub)
+    args = parser.parse_args(argv)
+    assert module is not None
+    code: int = module.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
