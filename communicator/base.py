@@ -61,6 +61,8 @@ class Communicator(abc.ABC):
     """
 
     _registry: ClassVar[dict[str, type[Communicator]]] = {}
+    # Communicators whose ``with`` block is open, innermost last (see ``current()``).
+    _active: ClassVar[list[Communicator]] = []
 
     def __init__(self, config: CommConfig | None = None) -> None:
         self.config: CommConfig = config if config is not None else CommConfig()
@@ -113,10 +115,18 @@ class Communicator(abc.ABC):
         return cls(config)
 
     def __enter__(self: CommT) -> CommT:
+        Communicator._active.append(self)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if self in Communicator._active:
+            Communicator._active.remove(self)
         self._release(failed=exc is not None, error=exc)
+
+    @classmethod
+    def current(cls) -> Communicator | None:
+        """The communicator of the innermost open ``with`` block, or ``None``."""
+        return Communicator._active[-1] if Communicator._active else None
 
     def close(self) -> None:
         """Release what this communicator created. Safe to call twice."""

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from communicator.config import CommConfig, ConfigLike
 from communicator.errors import CommTimeoutError, ConfigError, RemoteError, RemoteFailure
 
@@ -53,6 +55,8 @@ def _rank_main(
         }
     )
     os.environ.update(env)
+    # Local ranks share this machine's cores: without this each would start one thread per core.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
     trace_file = open(trace_path, "w")  # noqa: SIM115 - must stay open for faulthandler
     faulthandler.register(signal.SIGUSR1, file=trace_file, all_threads=True)
     from communicator.base import Communicator

@@ -258,6 +258,24 @@ class TorchComm(Communicator):
             self._local = self._create_subgroups([[r for r, n in enumerate(nodes) if n == node] for node in sorted(set(nodes))])
         return self._local
 
+    def for_torch_group(self, group: dist.ProcessGroup) -> TorchComm:
+        """A communicator over an existing torch group (created elsewhere), e.g. from ``dist.new_group``.
+
+        Ranks are local to that group, as torch numbers them. No collective: members name the
+        failure board after the group's own name.
+        """
+        from communicator.subgroup import SubgroupComm
+
+        if group is None or group is dist.group.WORLD:
+            return self._root()
+        if not isinstance(group, dist.ProcessGroup):
+            raise TypeError(f"group must be a torch ProcessGroup, got {type(group).__name__}")
+        world_ranks = dist.get_process_group_ranks(group)
+        member = dist.get_rank() in world_ranks
+        root = self._root()
+        board = root._board.child(len(world_ranks), f"torch-group-{group.group_name}/") if member else None
+        return SubgroupComm(root, world_ranks, group if member else None, group if member else None, board)
+
     def _root(self) -> TorchComm:
         comm: TorchComm = self
         while comm._parent is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import statistics
@@ -31,7 +32,7 @@ def _medians(run: CaseRun, op: str) -> dict[str, float]:
 
 
 def _ops(run: CaseRun) -> list[str]:
-    return list(dict.fromkeys(op for op, _ in [*run.correct]))
+    return list(dict.fromkeys(op for op, _ in run.correct))
 
 
 def all_correct(runs: Sequence[CaseRun]) -> bool:
@@ -45,38 +46,40 @@ def all_correct(runs: Sequence[CaseRun]) -> bool:
 
 
 def _cell(value: float | None, suffix: str = "") -> str:
-    return "n/a" if value is None else f"{value:.1f}{suffix}" if value >= 10 else f"{value:.2f}{suffix}"
+    if value is None:
+        return "n/a"
+    return f"{value:.1f}{suffix}" if value >= 10 else f"{value:.2f}{suffix}"
 
 
-def _row(run: CaseRun, op: str, mode: str | None) -> list[str]:
+def _ratio(top: float | None, bottom: float | None) -> str:
+    return _cell(top / bottom, "x") if top is not None and bottom else "n/a"
+
+
+def _row(run: CaseRun, label: str, op: str, mmengine_impl: str) -> list[str]:
+    """The mmengine column shows ``mmengine_impl`` (collect_results has two modes)."""
     medians = _medians(run, op)
-    if mode is not None:
-        medians[MMENGINE] = medians.pop(mode) if mode in medians else None  # type: ignore[assignment]
-    ratios = [
-        _cell(medians[top] / medians[bottom], "x") if medians.get(top) and medians.get(bottom) else "n/a"
-        for _, top, bottom in RATIOS
-    ]
-    checked = [ok for (name, impl), ok in run.correct.items() if name == op and (mode is None or impl != _other(mode))]
-    label = f"{op} ({MMENGINE_MODES[mode]})" if mode is not None else op
+    shown = {impl: medians.get(impl) for impl in (OURS, OURS_SAFE, TORCH)} | {MMENGINE: medians.get(mmengine_impl)}
+    checked = [run.correct[op, impl] for impl in (OURS, OURS_SAFE, TORCH, mmengine_impl) if (op, impl) in run.correct]
     return [
-        run.case, label, *(_cell(medians.get(impl)) for impl in (OURS, OURS_SAFE, TORCH, MMENGINE)), *ratios,
+        run.case,
+        label,
+        *(_cell(value) for value in shown.values()),
+        *(_ratio(shown[top], shown[bottom]) for _, top, bottom in RATIOS),
         "yes" if all(checked) else "NO",
     ]
 
 
-def _other(mode: str) -> str:
-    return MMENGINE_GPU if mode == MMENGINE else MMENGINE
+def _rows(run: CaseRun, op: str) -> list[list[str]]:
+    modes = [impl for impl in MMENGINE_MODES if (op, impl) in run.correct]
+    if len(modes) < 2:
+        return [_row(run, op, op, MMENGINE)]
+    return [_row(run, f"{op} ({MMENGINE_MODES[impl]})", op, impl) for impl in modes]
 
 
 def format_table(runs: Sequence[CaseRun]) -> str:
     """One row per case and op (collect_results: one per mmengine mode); medians in milliseconds."""
     header = ["case", "op", "ours ms", "safe ms", "torch ms", "mmengine ms", *(label for label, _, _ in RATIOS), "correct"]
-    rows = [header]
-    for run in runs:
-        for op in _ops(run):
-            modes = [impl for impl in MMENGINE_MODES if (op, impl) in run.correct]
-            for mode in modes if len(modes) > 1 else [None]:
-                rows.append(_row(run, op, mode))
+    rows = [header, *(row for run in runs for op in _ops(run) for row in _rows(run, op))]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = [
         "  ".join(cell.ljust(width) if i < 2 else cell.rjust(width) for i, (cell, width) in enumerate(zip(row, widths, strict=True)))
@@ -126,14 +129,18 @@ def _case_record(run: CaseRun) -> dict[str, Any]:
     return {"describe": run.describe, "bytes_per_rank": run.bytes_per_rank, "ops": ops}
 
 
-def _environment() -> dict[str, Any]:
-    from communicator.bench.ops import load_mmengine
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
-    mm = load_mmengine()
+
+def _environment() -> dict[str, Any]:
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "mmengine": None if mm is None else __import__("mmengine").__version__,
+        "mmengine": _version("mmengine"),
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
     }

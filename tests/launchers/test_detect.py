@@ -551,7 +551,11 @@ def test_malformed_tasks_per_node(value: str) -> None:
 # --- Configuration overrides --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("environ", [TORCHRUN, OPENMPI, MPICH, SRUN, MPIRUN_IN_SBATCH], ids=str)
+@pytest.mark.parametrize(
+    "environ",
+    [TORCHRUN, OPENMPI, MPICH, SRUN, MPIRUN_IN_SBATCH],
+    ids=["torchrun", "openmpi", "mpich", "srun", "mpirun-in-sbatch"],
+)
 def test_configured_master_wins_over_the_environment(environ: Env) -> None:
     env = detect_launcher("auto", environ, master_addr="10.9.8.7", master_port=23456)
     assert env is not None
@@ -585,7 +589,9 @@ def test_bad_configured_master_is_a_config_error(master_addr: str | None, master
 # --- What the communicator reads from a detected launcher ---------------------------------------
 
 
-@pytest.mark.parametrize("environ", [OPENMPI, MPICH, SRUN, SRUN_PMI2_TWO_NODES], ids=str)
+@pytest.mark.parametrize(
+    "environ", [OPENMPI, MPICH, SRUN, SRUN_PMI2_TWO_NODES], ids=["openmpi", "mpich", "srun", "srun-pmi2"]
+)
 def test_env_updates_speak_torchrun_names(environ: Env) -> None:
     env = detect_launcher("auto", environ)
     assert env is not None
