@@ -67,7 +67,7 @@ def _leaf(path: Path, value: Any) -> _Leaf:
     if isinstance(value, float):
         return _Leaf(path, "float", torch.tensor(value, dtype=torch.float64), value)
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc":
-        return _Leaf(path, "numpy", torch.from_numpy(np.ascontiguousarray(value)), value)
+        return _Leaf(path, "numpy", torch.from_numpy(np.array(value, copy=True)), value)
     raise TypeError(f"all_reduce_dict: value at {name!r} is a {type(value).__name__}; expected a tensor or a number")
 
 

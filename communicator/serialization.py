@@ -13,6 +13,7 @@ import contextvars
 import io
 import pickle
 import struct
+import types
 import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -131,8 +132,11 @@ class PickleCodec(Codec):
             buffers.append(buffer)
             return False
 
-        _Pickler(stream, protocol=PROTOCOL, buffer_callback=keep).dump(obj)
+        self._pickler(stream, keep).dump(obj)
         return [stream.getbuffer(), *(b.raw() for b in buffers)]
+
+    def _pickler(self, stream: io.BytesIO, keep: Any) -> pickle.Pickler:
+        return _Pickler(stream, protocol=PROTOCOL, buffer_callback=keep)
 
     def decode(self, stream: memoryview, buffers: Sequence[memoryview]) -> Any:
         return pickle.loads(stream, buffers=buffers)
@@ -174,10 +178,7 @@ class _SafeUnpickler(pickle.Unpickler):
         qualified = f"{module}.{name}"
         if (module, name) in _SAFE_GLOBALS or _is_trusted(qualified, self._trusted):
             return super().find_class(module, name)
-        raise UnsafePayloadError(
-            f"the 'safe' serializer refused {qualified}: it is not a builtin container, a NumPy or torch "
-            f"value, or a trusted name; add it to CommConfig(trusted=[{qualified!r}]) if you trust the sender"
-        )
+        raise UnsafePayloadError(_refusal(qualified))
 
 
 def _is_trusted(qualified: str, trusted: Sequence[str]) -> bool:
@@ -186,16 +187,57 @@ def _is_trusted(qualified: str, trusted: Sequence[str]) -> bool:
     )
 
 
+def _instance_is_safe(cls: type, trusted: Sequence[str]) -> bool:
+    if issubclass(cls, (np.ndarray, np.generic, np.dtype, torch.dtype, torch.Tensor)) or cls is type(None):
+        return True
+    return (cls.__module__, cls.__qualname__) in _SAFE_GLOBALS or _is_trusted(f"{cls.__module__}.{cls.__qualname__}", trusted)
+
+
+class _SafePickler(_Pickler):
+    """Refuses, while pickling, what the receiving safe unpickler would refuse: the sender fails,
+    every peer hears of it, and nothing untrusted is ever sent."""
+
+    def __init__(self, *args: Any, trusted: Sequence[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._trusted = trusted
+        self._verdicts: dict[type, bool] = {}
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):  # pickled by name
+            name = (getattr(obj, "__module__", ""), getattr(obj, "__qualname__", ""))
+            if name not in _SAFE_GLOBALS and not _is_trusted(".".join(name), self._trusted):
+                raise UnsafePayloadError(_refusal(".".join(name)))
+            return NotImplemented
+        cls = type(obj)
+        verdict = self._verdicts.get(cls)
+        if verdict is None:
+            verdict = self._verdicts[cls] = _instance_is_safe(cls, self._trusted)
+        if not verdict:
+            raise UnsafePayloadError(_refusal(f"{cls.__module__}.{cls.__qualname__}"))
+        return super().reducer_override(obj)
+
+
+def _refusal(qualified: str) -> str:
+    return (
+        f"the 'safe' serializer refused {qualified}: it is not a builtin container, a NumPy or torch "
+        f"value, or a trusted name; add it to CommConfig(trusted=[{qualified!r}]) if you trust it"
+    )
+
+
 class SafeCodec(PickleCodec):
     """Pickle protocol 5 with a restricted unpickler: nothing outside an allow-list is ever imported.
 
     ``trusted`` adds exact names (``"pkg.mod.Class"``) or module prefixes ending in a dot (``"pkg."``).
+    Senders check the same list while pickling, so a refused value fails on the rank that sent it.
     """
 
     name = "safe"
 
     def __init__(self, trusted: Sequence[str] = ()) -> None:
         self.trusted = tuple(trusted)
+
+    def _pickler(self, stream: io.BytesIO, keep: Any) -> pickle.Pickler:
+        return _SafePickler(stream, protocol=PROTOCOL, buffer_callback=keep, trusted=self.trusted)
 
     def decode(self, stream: memoryview, buffers: Sequence[memoryview]) -> Any:
         return _SafeUnpickler(io.BytesIO(stream), self.trusted, buffers).load()

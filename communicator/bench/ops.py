@@ -101,7 +101,7 @@ def _torch_all_reduce_dict(context: Context, data: Mapping[str, torch.Tensor]) -
     keys = sorted(data)
     flat = torch.cat([data[key].reshape(-1) for key in keys])
     dist.all_reduce(flat)
-    pieces = flat.split([data[key].numel() for key in keys])
+    pieces = torch.split(flat, [data[key].numel() for key in keys])
     return {key: piece.reshape(data[key].shape) for key, piece in zip(keys, pieces, strict=True)}
 
 

@@ -78,20 +78,25 @@ def _rows(run: CaseRun, op: str) -> list[list[str]]:
 
 def format_table(runs: Sequence[CaseRun]) -> str:
     """One row per case and op (collect_results: one per mmengine mode); medians in milliseconds."""
-    header = ["case", "op", "ours ms", "safe ms", "torch ms", "mmengine ms", *(label for label, _, _ in RATIOS), "correct"]
-    rows = [header, *(row for run in runs for op in _ops(run) for row in _rows(run, op))]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(width) if i < 2 else cell.rjust(width) for i, (cell, width) in enumerate(zip(row, widths, strict=True)))
-        for row in rows
-    ]
+    header = ["case", "op", "ours ms", "safe ms", "torch ms", "mmengine ms", *(label for label, _, _ in RATIOS)]
+    rows = [[*header, "correct"], *(row for run in runs for op in _ops(run) for row in _rows(run, op))]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(_align(i, cell, width) for i, (cell, width) in enumerate(zip(row, widths, strict=True)))
+             for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
 
 
+def _align(column: int, cell: str, width: int) -> str:
+    """Names to the left, numbers to the right."""
+    return cell.ljust(width) if column < 2 else cell.rjust(width)
+
+
 def format_errors(runs: Sequence[CaseRun]) -> str:
     """The calls that failed, and why (empty when none did)."""
-    return "\n".join(f"n/a: {run.case} {op} ({impl}): {reason}" for run in runs for (op, impl), reason in run.errors.items())
+    return "\n".join(
+        f"n/a: {run.case} {op} ({impl}): {reason}" for run in runs for (op, impl), reason in run.errors.items()
+    )
 
 
 def format_targets(outcomes: Sequence[Outcome]) -> str:

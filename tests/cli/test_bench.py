@@ -1,0 +1,41 @@
+"""``communicator bench --quick``: every case, op and implementation is timed and checked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from communicator.bench.cases import CASES
+from communicator.bench.ops import build_ops, load_mmengine
+from communicator.cli import main
+
+
+@pytest.mark.timeout(120)
+def test_quick_bench_records_every_call(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench.json"
+
+    code = main(["bench", "--quick", "--world-size", "2", "--json", str(out)])
+
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["world_size"] == 2
+    assert report["repeat"] == 2
+    assert report["all_correct"] is True
+    ops = build_ops(load_mmengine())
+    for case in CASES:
+        recorded = report["cases"][case.name]["ops"]
+        assert list(recorded) == list(case.ops)
+        for op in case.ops:
+            impls = recorded[op]["impls"]
+            assert set(impls) == set(ops[op].impls), (case.name, op)
+            for impl, record in impls.items():
+                assert record.get("error") is None, (case.name, op, impl, record)
+                assert record["correct"] is True, (case.name, op, impl)
+                assert record["median_ms"] > 0
+                assert len(record["times_ms"]) == 2
+    assert report["targets"], "every case ran, so every target is evaluated"
+    printed = capsys.readouterr().out
+    assert "torch/ours" in printed
+    assert all(case.name in printed for case in CASES)

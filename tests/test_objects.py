@@ -1,0 +1,254 @@
+"""Object collectives, dict reduction and result collection on NonDistComm and real gloo ranks."""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from communicator import CollectiveMismatchError, Communicator, RemoteError
+
+pytestmark = pytest.mark.world_size(1, 2, 3, 4)
+
+
+def _payload(rank: int, big: bool = False) -> dict[str, object]:
+    size = 50_000 if big else 3
+    return {
+        "rank": rank,
+        "none": None,
+        "text": "x" * rank,
+        "array": np.arange(size * (rank + 1), dtype=np.float32),
+        "tensor": torch.arange(size, dtype=torch.bfloat16) + rank,
+        "nested": [{"i": i, "t": torch.tensor([i, rank])} for i in range(rank)],
+        "ints": np.int64(rank),
+    }
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    return bool(a == b) and type(a) is type(b)
+
+
+def object_collectives(comm: Communicator, big: bool) -> bool:
+    world, rank = comm.world_size, comm.rank
+    everyone = comm.all_gather_object(_payload(rank, big))
+    assert len(everyone) == world and all(_same(everyone[r], _payload(r, big)) for r in range(world))
+    for root in range(world):
+        got = comm.gather_object(_payload(rank, big), dst=root)
+        assert (got is None) == (rank != root)
+        if got is not None:
+            assert all(_same(got[r], _payload(r, big)) for r in range(world))
+        sent = comm.broadcast_object(_payload(root, big) if rank == root else None, src=root)
+        assert _same(sent, _payload(root, big))
+        mine = comm.scatter_object([_payload(r, big) for r in range(world)] if rank == root else None, src=root)
+        assert _same(mine, _payload(rank, big))
+        objects = [1, "a", None] if rank == root else [None, None, None]
+        assert comm.broadcast_object_list(objects, src=root) is objects and objects == [1, "a", None]
+    assert comm.all_gather_object(None) == [None] * world
+    if world > 1:
+        peer = (rank + 1) % world
+        if rank % 2 == 0:
+            comm.send_object(_payload(rank, big), dst=peer)
+            got_p2p = comm.recv_object(src=(rank - 1) % world)
+        else:
+            got_p2p = comm.recv_object(src=(rank - 1) % world)
+            comm.send_object(_payload(rank, big), dst=peer)
+        assert _same(got_p2p, _payload((rank - 1) % world, big))
+    return True
+
+
+@pytest.mark.parametrize("big", [False, True], ids=["inline", "large"])
+def test_every_object_method_every_root(run, big: bool) -> None:
+    assert all(run(object_collectives, big))
+
+
+def unpicklable_on_last_rank(comm: Communicator) -> str:
+    obj = (lambda: 0) if comm.rank == comm.world_size - 1 else {"ok": comm.rank}
+    try:
+        comm.all_gather_object(obj)
+    except RemoteError as error:
+        assert error.rank == comm.world_size - 1
+        outcome = f"remote {error.error_type}"
+    except (pickle.PicklingError, AttributeError) as error:
+        outcome = f"own {type(error).__name__}"
+    else:
+        return "no error"
+    # the group is intact: the failure travelled in-band
+    assert comm.all_gather_object(comm.rank) == list(range(comm.world_size))
+    return outcome
+
+
+@pytest.mark.world_size(2, 3, 4)
+def test_unserialisable_object_fails_on_every_rank_and_group_survives(run, world_size: int) -> None:
+    outcomes = run(unpicklable_on_last_rank)
+    assert outcomes[-1].startswith("own")
+    assert all(o.startswith("remote") for o in outcomes[:-1])
+
+
+class Point:
+    def __init__(self, x: int) -> None:
+        self.x = x
+
+
+def safe_mode(comm: Communicator) -> str:
+    import collections
+
+    allowed = {"a": np.arange(3), "t": torch.ones(2), "d": collections.OrderedDict(x=1), "s": {1, 2}}
+    assert _same(comm.all_gather_object(allowed)[0]["a"], np.arange(3))
+    obj = Point(1) if comm.rank == 0 else None
+    try:
+        comm.broadcast_object(obj, src=0)
+    except RemoteError as error:
+        return f"remote {error.error_type}"
+    except Exception as error:  # noqa: BLE001
+        return f"own {type(error).__name__}: {error}"
+    return "accepted"
+
+
+@pytest.mark.world_size(1, 2, 3)
+def test_safe_serializer_refuses_untrusted_classes_on_every_rank(run, world_size: int) -> None:
+    outcomes = run(safe_mode, cfg={"serializer": "safe", "backend": "gloo"})
+    if world_size == 1:
+        assert outcomes == ["accepted"]  # a single process serialises nothing
+        return
+    assert outcomes[0].startswith("own UnsafePayloadError") and "trusted" in outcomes[0]
+    assert all(o == "remote UnsafePayloadError" for o in outcomes[1:])
+
+
+def dict_reduction(comm: Communicator) -> bool:
+    world, rank = comm.world_size, comm.rank
+    data = {
+        "loss": torch.tensor(float(rank)),
+        "count": torch.tensor(rank + 1, dtype=torch.int32),
+        "half": torch.full((2,), rank, dtype=torch.float16),
+        "nested": {"n": rank, "f": 0.5 * rank, "flag": rank == 0, "np": np.float32(rank)},
+    }
+    total = comm.all_reduce_dict(data)
+    assert total["loss"].dtype == torch.float32 and total["loss"].item() == sum(range(world))
+    assert total["count"].dtype == torch.int32 and total["count"].item() == sum(r + 1 for r in range(world))
+    assert total["half"].dtype == torch.float16 and total["half"].tolist() == [sum(range(world))] * 2
+    assert total["nested"]["n"] == sum(range(world)) and isinstance(total["nested"]["n"], int)
+    assert total["nested"]["flag"] is True and isinstance(total["nested"]["np"], np.float32)
+    mean = comm.all_reduce_dict(data, op="mean")
+    assert mean["count"].dtype == torch.float64  # integer means are not truncated
+    assert mean["count"].item() == pytest.approx(sum(r + 1 for r in range(world)) / world)
+    assert mean["nested"]["n"] == pytest.approx(sum(range(world)) / world)
+    assert comm.all_reduce_dict(data, op="max")["loss"].item() == world - 1
+    big = {f"w{i}": torch.full((1000,), float(rank)) for i in range(10)} | {"i": torch.ones(5, dtype=torch.int64)}
+    reduced = comm.all_reduce_dict(big, op="mean")
+    assert reduced["w3"].tolist() == [sum(range(world)) / world] * 1000 and reduced["i"].dtype == torch.float64
+    assert data["loss"].item() == float(rank)  # the input is not modified
+    return True
+
+
+def test_all_reduce_dict_keeps_dtypes_and_structure(run) -> None:
+    assert all(run(dict_reduction))
+
+
+def mismatched_keys(comm: Communicator) -> str:
+    data = {"a": torch.ones(1), "b": torch.ones(1)} if comm.rank == 0 else {"a": torch.ones(1), "c": torch.ones(2)}
+    try:
+        comm.all_reduce_dict(data)
+    except CollectiveMismatchError as error:
+        assert comm.all_reduce_dict({"ok": 1})["ok"] == comm.world_size  # still usable
+        return str(error)
+    return "no error"
+
+
+@pytest.mark.world_size(2, 3)
+def test_all_reduce_dict_names_mismatched_keys_on_every_rank(run) -> None:
+    for message in run(mismatched_keys):
+        assert "'b'" in message and "'c'" in message and "missing keys" in message
+
+
+def collect(comm: Communicator, size: int, order: str) -> list[object] | None:
+    world, rank = comm.world_size, comm.rank
+    if order == "interleave":
+        per_rank = -(-size // world)
+        part = [(rank + world * k) % size if size else None for k in range(per_rank)]  # sampler padding wraps
+        part = [None if i is not None and i % 5 == 0 else i for i in part]  # real None results
+    else:
+        chunk = -(-size // world)
+        part = list(range(rank * chunk, min(size, (rank + 1) * chunk)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return comm.collect_results(part, size=size, order=order)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 10])
+@pytest.mark.parametrize("order", ["interleave", "contiguous"])
+def test_collect_results_dataset_order(run, world_size: int, size: int, order: str) -> None:
+    results = run(collect, size, order)
+    expected = [None if (order == "interleave" and i % 5 == 0) else i for i in range(size)]
+    assert results[0] == expected
+    assert results[1:] == [None] * (world_size - 1)
+
+
+def collect_more_than_held(comm: Communicator) -> tuple[list[int] | None, int]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = comm.collect_results([comm.rank], size=comm.world_size + 3, dst=comm.world_size - 1)
+    return got, len(caught)
+
+
+def test_collect_results_never_pads(run, world_size: int) -> None:
+    results = run(collect_more_than_held)
+    assert results[-1] == (list(range(world_size)), 1)
+    assert all(r == (None, 0) for r in results[:-1])
+
+
+def seeds(comm: Communicator) -> tuple[int, int, bool, str]:
+    import random
+
+    np.random.seed(comm.rank)
+    torch.manual_seed(comm.rank)
+    random.seed(comm.rank)
+    before = (np.random.get_state()[1][:4].tolist(), torch.get_rng_state()[:8].tolist(), random.getstate()[1][:4])
+    seed = comm.sync_random_seed()
+    fixed = comm.sync_random_seed(42 + comm.rank)
+    after = (np.random.get_state()[1][:4].tolist(), torch.get_rng_state()[:8].tolist(), random.getstate()[1][:4])
+    assert before == after  # the global generators are untouched
+    agree = comm.check_random_states()
+    torch.manual_seed(7)
+    np.random.seed(7)
+    random.seed(7)
+    return seed, fixed, agree, str(comm.check_random_states())
+
+
+def test_sync_random_seed(run, world_size: int) -> None:
+    results = run(seeds)
+    assert len({r[0] for r in results}) == 1 and all(r[1] == 42 for r in results)
+    assert [r[2] for r in results] == [world_size == 1] * world_size
+    assert [r[3] for r in results] == ["True"] * world_size
+
+
+def object_argument_errors(comm: Communicator) -> bool:
+    with pytest.raises(ValueError, match="out of range"):
+        comm.gather_object(1, dst=comm.world_size)
+    with pytest.raises(TypeError, match="list"):
+        comm.broadcast_object_list((1, 2))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="results must be"):
+        comm.collect_results("abc", size=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="order"):
+        comm.collect_results([1], size=1, order="random")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="size"):
+        comm.collect_results([1], size=-1)
+    with pytest.raises(TypeError, match="tensor or a number"):
+        comm.all_reduce_dict({"a": "text"})
+    with pytest.raises(TypeError, match="seed"):
+        comm.sync_random_seed("1")  # type: ignore[arg-type]
+    return True
+
+
+def test_object_argument_errors(run) -> None:
+    assert all(run(object_argument_errors))
