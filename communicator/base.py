@@ -20,7 +20,8 @@ import torch
 from communicator.dicts import all_reduce_dict
 from communicator.results import collect_results
 from communicator.config import CommConfig, ConfigLike
-from communicator.errors import CommError, ConfigError
+from communicator.errors import CommError, ConfigError, RemoteError, RemoteFailure, CollectiveMismatchError
+from communicator.guard import collective, fingerprint
 from communicator.ops import ReduceOpLike
 from communicator.records import (
     RECORD_BYTES,
@@ -69,6 +70,9 @@ class Communicator(abc.ABC):
         self._codec: Codec = make_codec(self.config.serializer, self.config.trusted)
         self._reason: str = ""
         self._closed = False
+        self._seq = 0  # collectives entered so far; the same on every rank of a correct program
+        self._depth = 0  # > 0 while inside a collective (nested public calls are not counted)
+        self._launched = False  # whether the current collective has started communicating
 
     # -- creation and lifecycle ------------------------------------------------------------
 
@@ -352,6 +356,7 @@ class Communicator(abc.ABC):
         """The ranks on this node. Every rank creates every node's group, so the first access is a
         collective: make it on every rank."""
 
+    @collective("shape")
     def grid(self, shape: tuple[int, int]) -> tuple[Communicator, Communicator]:
         """Split a ``rows x cols`` layout into ``(row, col)`` communicators.
 
@@ -398,6 +403,36 @@ class Communicator(abc.ABC):
         """Called first by every collective: refuse a closed (or, in subclasses, unusable) communicator."""
         if self._closed:
             raise CommError(f"{what}: this communicator is closed")
+        self._seq += 1
+
+    def _announce_bad_arguments(self, error: BaseException, what: str) -> None:
+        """Tell the other ranks that this rank refused its arguments (peers may already be waiting)."""
+
+    def _announce_failure(self, error: BaseException, where: str) -> None:
+        """Tell the other ranks that this rank failed for good (the communicator is then unusable)."""
+
+    def _compare_fingerprints(self, op: str, arguments: Mapping[str, Any]) -> None:
+        """Debug mode: every rank shows its call; any difference raises on every rank."""
+        import json
+
+        mine = fingerprint(op, self._seq, arguments)
+        data = json.dumps(mine).encode()[: RECORD_BYTES - 8]
+        record = np.zeros(RECORD_BYTES, dtype=np.uint8)
+        record[:8] = np.frombuffer(len(data).to_bytes(8, "little"), dtype=np.uint8)
+        record[8 : 8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        sides = []
+        for row in self._gather_records(record):
+            length = int.from_bytes(row[:8].tobytes(), "little")
+            try:
+                sides.append(json.loads(row[8 : 8 + length].tobytes().decode(errors="replace")))
+            except ValueError:
+                sides.append({"op": "(unreadable fingerprint)"})
+        keys = ("op", "seq", "args")
+        if any(any(side.get(k) != mine.get(k) for k in keys) for side in sides):
+            raise CollectiveMismatchError(
+                {r: f"#{side.get('seq')} {side.get('op')}({side.get('args')}) at {side.get('site')}" for r, side in enumerate(sides)},
+                "debug mode: ranks called different collectives",
+            )
 
     def _check_rank(self, name: str, value: object) -> int:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -432,6 +467,7 @@ class Communicator(abc.ABC):
     def _payloads(self, records: Sequence[Record], frames: Mapping[int, np.ndarray]) -> list[memoryview]:
         return [memoryview(frames[r]) if rec.is_large else rec.inline for r, rec in enumerate(records)]
 
+    @collective()
     def all_gather_object(self, obj: T) -> list[T]:
         """Every rank's object, in rank order, on every rank.
 
@@ -445,7 +481,6 @@ class Communicator(abc.ABC):
             comm.all_gather_object(obj)         # both: [{"a": 1}, [2, 3]]
             # one process: [obj]
         """
-        self._enter("all_gather_object")
         where = "all_gather_object"
         frame, record, error = self._encode(obj, where)
         records = check_records(self._gather_records(record), range(self.world_size), self.rank, error, where)
@@ -456,6 +491,7 @@ class Communicator(abc.ABC):
         frames[self.rank] = frame
         return [self._decode(data, r) for r, data in enumerate(self._payloads(records, frames))]
 
+    @collective("dst")
     def gather_object(self, obj: T, dst: int = 0) -> list[T] | None:
         """Every rank's object on ``dst`` (a list in rank order); ``None`` elsewhere.
 
@@ -465,7 +501,6 @@ class Communicator(abc.ABC):
             comm.gather_object(obj, dst=1)      # rank 0: None   rank 1: ["a", "b"]
             # one process: [obj]
         """
-        self._enter("gather_object")
         dst = self._check_rank("dst", dst)
         where = "gather_object"
         frame, record, error = self._encode(obj, where)
@@ -479,6 +514,7 @@ class Communicator(abc.ABC):
         frames[dst] = frame
         return [self._decode(data, r) for r, data in enumerate(self._payloads(records, frames))]
 
+    @collective("src")
     def broadcast_object(self, obj: T, src: int = 0) -> T:
         """``src``'s object, on every rank (other ranks' ``obj`` is ignored; pass ``None``).
 
@@ -488,7 +524,6 @@ class Communicator(abc.ABC):
             comm.broadcast_object(obj, src=0)   # both: {"lr": 0.1}
             # one process: obj
         """
-        self._enter("broadcast_object")
         src = self._check_rank("src", src)
         where = "broadcast_object"
         frame: np.ndarray | None = None
@@ -508,6 +543,7 @@ class Communicator(abc.ABC):
         self._exchange({}, {src: data})
         return self._decode(memoryview(data), src)  # type: ignore[no-any-return]
 
+    @collective("objects:len", "src")
     def broadcast_object_list(self, objects: list[Any], src: int = 0) -> list[Any]:
         """torch-compatible: replace the items of ``objects`` in place with ``src``'s; also return it.
 
@@ -516,7 +552,6 @@ class Communicator(abc.ABC):
             # rank 0: [1, "a"]                  rank 1: [None, None]
             comm.broadcast_object_list(objs)    # both: [1, "a"]
         """
-        self._enter("broadcast_object_list")
         if not isinstance(objects, list):
             raise TypeError(f"broadcast_object_list needs a list, got {type(objects).__name__}")
         received = self.broadcast_object(objects if self.rank == src else None, src)
@@ -527,6 +562,7 @@ class Communicator(abc.ABC):
         objects[:] = received
         return objects
 
+    @collective("src")
     def scatter_object(self, objects: Sequence[T] | None, src: int = 0) -> T:
         """Rank ``i`` receives ``objects[i]`` from ``src``; the others pass ``None``.
 
@@ -536,7 +572,6 @@ class Communicator(abc.ABC):
             comm.scatter_object(objs, src=0)    # rank 0: "a"   rank 1: "b"
             # one process: objects[0]
         """
-        self._enter("scatter_object")
         src = self._check_rank("src", src)
         where = "scatter_object"
         frames: list[np.ndarray] = []
@@ -574,12 +609,12 @@ class Communicator(abc.ABC):
             rows.append(record)
         return frames, rows, None
 
+    @collective(p2p=True)
     def send_object(self, obj: Any, dst: int) -> None:
         """Send ``obj`` to rank ``dst``, which calls ``recv_object(src=<this rank>)``.
 
         If ``obj`` cannot be serialised, this rank raises and the receiver gets a ``RemoteError``.
         """
-        self._enter("send_object")
         dst = self._check_rank("dst", dst)
         if dst == self.rank:
             raise ValueError(f"send_object: dst={dst} is this rank; a rank cannot send to itself")
@@ -591,6 +626,7 @@ class Communicator(abc.ABC):
         if Record(record).is_large:
             self._exchange({dst: frame}, {})
 
+    @collective(p2p=True)
     def recv_object(self, src: int) -> Any:
         """Receive the object rank ``src`` sends with ``send_object``.
 
@@ -599,7 +635,6 @@ class Communicator(abc.ABC):
             # rank 0: comm.send_object({"x": 1}, dst=1)
             # rank 1: comm.recv_object(src=0)   # -> {"x": 1}
         """
-        self._enter("recv_object")
         src = self._check_rank("src", src)
         if src == self.rank:
             raise ValueError(f"recv_object: src={src} is this rank; a rank cannot receive from itself")
@@ -614,6 +649,7 @@ class Communicator(abc.ABC):
 
     # -- derived operations --------------------------------------------------------------------
 
+    @collective("data:keys", "op")
     def all_reduce_dict(self, data: Mapping[str, Any], op: ReduceOpLike = "sum") -> dict[str, Any]:
         """Reduce every value of a (nested) dict across ranks; return a new dict, same structure.
 
@@ -629,9 +665,9 @@ class Communicator(abc.ABC):
             comm.all_reduce_dict(d, op="mean")        # both: {"loss": tensor(2.), "n": 3.0}
             # one process: the same values (integer means as floats)
         """
-        self._enter("all_reduce_dict")
         return all_reduce_dict(self, data, op)
 
+    @collective("dst", "order")
     def collect_results(
         self,
         results: Sequence[T],
@@ -654,9 +690,9 @@ class Communicator(abc.ABC):
             comm.collect_results(part, size=4)  # rank 0: ["a", "b", "c", "d"]   rank 1: None
             # one process: results[:size]
         """
-        self._enter("collect_results")
         return collect_results(self, results, size, dst, order, device)
 
+    @collective()
     def sync_random_seed(self, seed: int | None = None) -> int:
         """One seed, drawn on rank 0 (or ``seed`` from rank 0), returned on every rank.
 
@@ -667,7 +703,6 @@ class Communicator(abc.ABC):
             # rank 0 draws 1234                 rank 1 passes nothing
             comm.sync_random_seed()             # both: 1234
         """
-        self._enter("sync_random_seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
         if seed is None and self.is_main_process:
@@ -675,9 +710,9 @@ class Communicator(abc.ABC):
         chosen: int = self.broadcast_object(seed if self.is_main_process else None, src=0)
         return chosen
 
+    @collective()
     def check_random_states(self) -> bool:
         """Whether the Python, NumPy and torch global RNG states agree on every rank."""
-        self._enter("check_random_states")
         digest = _rng_digest()
         return len(set(self.all_gather_object(digest))) == 1
 
@@ -693,6 +728,56 @@ class Communicator(abc.ABC):
     master_only = main_only
 
     @contextlib.contextmanager
+    def fail_together(self, name: str = "block") -> Iterator[None]:
+        """If any rank raises inside the block, every rank raises :class:`RemoteError` naming it.
+
+        Ranks blocked in a collective inside the block are released within a fraction of a second
+        (they watch the failure board), not at the timeout. When no rank raises, leaving the block
+        costs one small collective. On the failing rank the ``RemoteError`` is chained to its own
+        exception. After a failure the communicator is unusable: leave its ``with`` block.
+
+        Example::
+
+            with comm.fail_together("evaluation"):
+                results = evaluate(model)        # rank 1 raises ValueError
+            # every rank: RemoteError("evaluation: rank 1 raised ValueError: ...")
+        """
+        try:
+            yield
+        except RemoteError:
+            raise
+        except BaseException as error:
+            self._announce_failure(error, name)
+            raise RemoteError([_failure_of(self.rank, error, name)], context=name) from error
+        records = self._gather_records(empty_record())
+        check_records(records, range(self.world_size), self.rank, None, name)
+
+    @contextlib.contextmanager
+    def wait_for_main(self, timeout: float | None = None) -> Iterator[bool]:
+        """A block that rank 0 may take long over while the others wait at its end, without
+        tripping the collective timeout (``timeout`` seconds, default: no limit).
+
+        Yields ``is_main_process``; if rank 0 raises, the others raise ``RemoteError`` at once.
+
+        Example::
+
+            with comm.wait_for_main() as main:
+                if main:
+                    build_cache()                # rank 0, an hour
+            # every rank continues once rank 0 is done
+        """
+        try:
+            yield self.is_main_process
+        except BaseException as error:
+            self._announce_failure(error, "wait_for_main")
+            raise
+        self._patient_barrier(timeout)
+
+    def _patient_barrier(self, timeout: float | None) -> None:
+        """A barrier that may wait ``timeout`` seconds (``None``: forever) instead of the comm's timeout."""
+        self.barrier(timeout)
+
+    @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:
         """Rank 0 runs the block first (e.g. to download or cache), then the others run it."""
         if not self.is_main_process:
@@ -702,6 +787,12 @@ class Communicator(abc.ABC):
         finally:
             if self.is_main_process:
                 self.barrier()
+
+
+def _failure_of(rank: int, error: BaseException, where: str) -> RemoteFailure:
+    import traceback
+
+    return RemoteFailure(rank, type(error).__name__, str(error), "".join(traceback.format_exception(error)), where)
 
 
 def _rng_digest() -> str:

@@ -18,6 +18,7 @@ from communicator.base import Communicator
 from communicator.config import CommConfig
 from communicator.errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerLostError
 from communicator.failures import FailureBoard
+from communicator.guard import collective
 from communicator.handles import Handle
 from communicator.ops import ReduceOpLike, check_op_dtype, parse_op, torch_op
 
@@ -31,6 +32,8 @@ POLL_SECONDS = 0.05
 # Larger all_gather/gather payloads go point to point: gloo's collectives copy them twice more.
 P2P_MIN_BYTES = 64 * 1024
 MAX_NDIM = 32
+# After a failure, how long world rank 0 keeps the rendezvous store up for peers still reading it.
+LINGER_SECONDS = 10.0
 _DTYPE_CODES = {dt: i for i, dt in enumerate(
     (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
      torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.uint16,
@@ -88,7 +91,9 @@ class TorchComm(Communicator):
         self._device = self._pick_device()
         self._cpu_group = cpu_group if cpu_group is not None else self._make_cpu_group()
         self._board = board if board is not None else FailureBoard.for_group(self)
+        self._board.announce_process(self._rank)
         self._env_restore: dict[str, str | None] = {}
+        self._broken: BaseException | None = None
         self._children: list[SubgroupComm] = []
         self._local: Communicator | None = None
         # Torch groups this communicator created, by (sorted world ranks, created by members only).
@@ -121,24 +126,49 @@ class TorchComm(Communicator):
 
     @override
     def _enter(self, what: str) -> None:
+        if self._broken is not None:
+            raise CommError(
+                f"{what}: this communicator is unusable since an earlier collective was abandoned "
+                f"({self._broken}); leave its block and create a new one"
+            )
         super()._enter(what)
+
+    @override
+    def _announce_bad_arguments(self, error: BaseException, what: str) -> None:
+        self._board.post_input(self.rank, self._seq, error, what)
+
+    @override
+    def _announce_failure(self, error: BaseException, where: str) -> None:
+        self._board.post(self.rank, error, where)
+        if self._broken is None:
+            self._broken = error  # the peers abandon their collectives: this group is done
+
+    @override
+    def _patient_barrier(self, timeout: float | None) -> None:
+        self._board.barrier(self, float("inf") if timeout is None else timeout)
 
     @override
     def _release(self, failed: bool, error: BaseException | None) -> None:
         if self._closed:
             return
+        failed = failed or self._broken is not None
         try:
             if failed and error is not None:
-                self._board.post(self.rank, error, "the communicator's block", fatal=True)
-            elif self._owner and dist.is_initialized():
-                # Nobody tears down the store (rank 0 hosts it) while a peer still needs it.
-                self.barrier()
+                self._board.post(self.rank, error, "the communicator's block")
+            elif not failed and self._owner and dist.is_initialized():
+                # Nobody tears down the store (rank 0 hosts it) while a peer still needs it. A peer's
+                # failure is that peer's to report: this rank's block succeeded, so closing stays quiet.
+                try:
+                    self.barrier()
+                except CommError:
+                    failed = True
         finally:
             self._closed = True
             for child in self._children:
                 child._release(failed, None)
             if self._owner and dist.is_initialized():
                 if failed:
+                    self._board.depart(self, LINGER_SECONDS)
                     with contextlib.suppress(Exception):
                         self._group.abort()
                 dist.destroy_process_group()
@@ -226,8 +256,8 @@ class TorchComm(Communicator):
         return members
 
     @override
+    @collective("ranks")
     def new_group(self, ranks: Sequence[int]) -> SubgroupComm:
-        self._enter("new_group")
         members = self._members(ranks)
         everyone = self.all_gather_object(members)
         if any(other != members for other in everyone):
@@ -237,8 +267,8 @@ class TorchComm(Communicator):
         return self._create_subgroups([members])
 
     @override
+    @collective()
     def split(self, color: int | None, key: int | None = None) -> SubgroupComm:
-        self._enter("split")
         for name, value in (("color", color), ("key", key)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TypeError(f"split: {name} must be an int or None, got {type(value).__name__}")
@@ -253,7 +283,6 @@ class TorchComm(Communicator):
     @override
     def local_comm(self) -> Communicator:
         if self._local is None:
-            self._enter("local_comm")
             nodes = self.all_gather_object(self.node_rank)
             self._local = self._create_subgroups([[r for r, n in enumerate(nodes) if n == node] for node in sorted(set(nodes))])
         return self._local
@@ -344,13 +373,28 @@ class TorchComm(Communicator):
                     break
                 except RuntimeError as error:
                     if "timed out" not in str(error) or work.is_completed():
-                        raise self._translated(error, what) from error
-                self._board.raise_if_failed(self, what)
+                        raise self._abandon(self._translated(error, what), what) from error
+                try:
+                    self._board.raise_if_failed(self, what)
+                    self._board.raise_if_peer_died(self, what)
+                except CommError as error:
+                    raise self._abandon(error, what) from None
                 if time.monotonic() > deadline:
-                    raise CommTimeoutError(f"{what} did not finish within {limit:g} s on rank {self.rank}")
+                    raise self._abandon(
+                        CommTimeoutError(f"{what} did not finish within {limit:g} s on rank {self.rank}"), what
+                    )
+
+    def _abandon(self, error: CommError, what: str) -> CommError:
+        """This rank leaves a collective unfinished: the group can no longer be trusted, and the
+        other ranks must hear of it (they may be waiting in the same collective)."""
+        if self._broken is None:
+            self._broken = error
+            self._board.post(self.rank, error, what)
+        return error
 
     @contextlib.contextmanager
     def _translate(self, what: str) -> Iterator[None]:
+        self._launched = True
         try:
             yield
         except RuntimeError as error:
@@ -359,14 +403,18 @@ class TorchComm(Communicator):
             raise self._translated(error, what) from error
 
     def _translated(self, error: RuntimeError, what: str) -> CommError:
+        try:
+            self._board.raise_if_failed(self, what)  # a peer that failed first explains any transport error
+        except CommError as known:
+            return known
         text = str(error)
+        first_line = text.splitlines()[0] if text else type(error).__name__
         lost = ("Connection closed by peer", "Connection reset", "Broken pipe", "Socket closed", "ECONNRESET")
         if any(marker in text for marker in lost):
-            self._board.raise_if_failed(self, what)
-            return PeerLostError(f"{what}: a peer was lost (its process died or closed the connection): {text.splitlines()[0]}")
-        if "timed out" in text.lower() or "Timed out" in text:
-            return CommTimeoutError(f"{what} timed out on rank {self.rank}: {text.splitlines()[0]}")
-        return CommError(f"{what} failed on rank {self.rank}: {text.splitlines()[0]}")
+            return PeerLostError(f"{what}: a peer was lost (its process died or closed the connection): {first_line}")
+        if "timed out" in text.lower():
+            return CommTimeoutError(f"{what} timed out on rank {self.rank}: {first_line}")
+        return CommError(f"{what} failed on rank {self.rank}: {first_line}")
 
     # -- tensor preparation ----------------------------------------------------------------
 
@@ -418,8 +466,8 @@ class TorchComm(Communicator):
     # -- barrier and tensor collectives --------------------------------------------------------
 
     @override
+    @collective()
     def barrier(self, timeout: float | None = None) -> None:
-        self._enter("barrier")
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
                 raise ValueError(f"barrier timeout must be a positive number of seconds, got {timeout!r}")
@@ -430,8 +478,8 @@ class TorchComm(Communicator):
         self._wait([work], None, "barrier")
 
     @override
+    @collective("tensor", "op")
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOpLike = "sum", async_op: bool = False) -> Any:
-        self._enter("all_reduce")
         tensor = self._check_tensor("tensor", tensor)
         name = parse_op(op)
         check_op_dtype(name, tensor.dtype)
@@ -445,8 +493,8 @@ class TorchComm(Communicator):
         )
 
     @override
+    @collective("tensor", "src")
     def broadcast(self, tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Any:
-        self._enter("broadcast")
         tensor = self._check_tensor("tensor", tensor)
         src = self._check_rank("src", src)
         return self._in_place(
@@ -458,8 +506,8 @@ class TorchComm(Communicator):
         )
 
     @override
+    @collective("tensor", "dst", "op")
     def reduce(self, tensor: torch.Tensor, dst: int = 0, op: ReduceOpLike = "sum", async_op: bool = False) -> Any:
-        self._enter("reduce")
         tensor = self._check_tensor("tensor", tensor)
         dst = self._check_rank("dst", dst)
         name = parse_op(op)
@@ -519,8 +567,8 @@ class TorchComm(Communicator):
         return works
 
     @override
+    @collective("tensor:dtype")
     def all_gather(self, tensor: torch.Tensor, async_op: bool = False) -> Any:
-        self._enter("all_gather")
         tensor = self._check_tensor("tensor", tensor)
         metas = self._gather_metas(self._meta(tensor), "all_gather")
         source = self._on_device(tensor)
@@ -547,8 +595,8 @@ class TorchComm(Communicator):
         return handle if async_op else handle.wait()
 
     @override
+    @collective("tensor:dtype", "dst")
     def gather(self, tensor: torch.Tensor, dst: int = 0, async_op: bool = False) -> Any:
-        self._enter("gather")
         tensor = self._check_tensor("tensor", tensor)
         dst = self._check_rank("dst", dst)
         metas = self._gather_metas(self._meta(tensor), "gather")
@@ -567,8 +615,8 @@ class TorchComm(Communicator):
         return handle if async_op else handle.wait()
 
     @override
+    @collective("src")
     def scatter(self, tensors: Sequence[torch.Tensor] | None, src: int = 0, async_op: bool = False) -> Any:
-        self._enter("scatter")
         src = self._check_rank("src", src)
         metas = torch.zeros(self.world_size, 2 + MAX_NDIM, dtype=torch.int64)
         sources: list[torch.Tensor] = []
@@ -595,8 +643,8 @@ class TorchComm(Communicator):
         return handle if async_op else handle.wait()
 
     @override
+    @collective("tensors", "op")
     def reduce_scatter(self, tensors: Sequence[torch.Tensor], op: ReduceOpLike = "sum", async_op: bool = False) -> Any:
-        self._enter("reduce_scatter")
         if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence) or len(tensors) != self.world_size:
             raise ValueError(f"reduce_scatter needs a sequence of {self.world_size} tensors (one per rank)")
         inputs = [self._on_device(self._check_tensor(f"tensors[{i}]", t)) for i, t in enumerate(tensors)]
@@ -615,8 +663,8 @@ class TorchComm(Communicator):
         return handle if async_op else handle.wait()
 
     @override
+    @collective("tensors:len")
     def all_to_all(self, tensors: Sequence[torch.Tensor], async_op: bool = False) -> Any:
-        self._enter("all_to_all")
         if isinstance(tensors, torch.Tensor) or not isinstance(tensors, Sequence) or len(tensors) != self.world_size:
             raise ValueError(f"all_to_all needs a sequence of {self.world_size} tensors (one per rank)")
         inputs = [self._on_device(self._check_tensor(f"tensors[{i}]", t)) for i, t in enumerate(tensors)]
@@ -646,17 +694,19 @@ class TorchComm(Communicator):
         return peer
 
     @override
+    @collective(p2p=True)
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         self.isend(tensor, dst, tag).wait()
 
     @override
+    @collective(p2p=True)
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
         result: torch.Tensor = self.irecv(tensor, src, tag).wait()
         return result
 
     @override
+    @collective(p2p=True)
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle[None]:
-        self._enter("isend")
         tensor = self._check_tensor("tensor", tensor)
         dst = self._peer("dst", dst)
         source = self._on_device(tensor)
@@ -665,8 +715,8 @@ class TorchComm(Communicator):
         return Handle([work], lambda: None, self._waiter("send"))
 
     @override
+    @collective(p2p=True)
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Handle[torch.Tensor]:
-        self._enter("irecv")
         tensor = self._check_tensor("tensor", tensor)
         src = self._peer("src", src)
         target = self._on_device(tensor)

@@ -15,11 +15,11 @@ from communicator.bench.payloads import (
     tensor_items,
 )
 
-__all__ = ["CASES", "CASE_NAMES", "Case"]
+__all__ = ["CASES", "CASE_NAMES", "LIST_OPS", "OBJECT_OPS", "Case"]
 
 OBJECT_OPS = ("all_gather_object", "gather_object", "broadcast_object")
-LIST_OPS = (*OBJECT_OPS, "collect_results")
-REFERENCE = ("all_gather_bytes",)
+LIST_OPS = (*OBJECT_OPS, "collect_results")  # for payloads that are lists of results
+REFERENCE = ("raw_all_gather",)
 
 
 @dataclasses.dataclass(frozen=True)

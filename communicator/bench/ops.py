@@ -113,7 +113,7 @@ def _padded_bytes(payload: Any, lengths: Sequence[int]) -> torch.Tensor:
     return torch.full((max(lengths),), dist.get_rank() + 1, dtype=torch.uint8)
 
 
-def _torch_all_gather_bytes(context: Context, data: torch.Tensor) -> list[torch.Tensor]:
+def _torch_raw_all_gather(context: Context, data: torch.Tensor) -> list[torch.Tensor]:
     out = [torch.empty_like(data) for _ in range(_world())]
     dist.all_gather(out, data)
     return out
@@ -155,7 +155,7 @@ def _as_is(payload: Any, lengths: Sequence[int]) -> Any:
 
 
 _SAME: dict[str, Callable[[Any, Any], bool]] = {"all_reduce_dict": same_reductions}
-_PREPARE: dict[str, Callable[[Any, Sequence[int]], Any]] = {"all_gather_bytes": _padded_bytes}
+_PREPARE: dict[str, Callable[[Any, Sequence[int]], Any]] = {"raw_all_gather": _padded_bytes}
 
 
 def _ours_and_safe(call: Callable[[Communicator, Any], Any]) -> dict[str, Impl]:
@@ -185,7 +185,7 @@ def build_ops(mm: ModuleType | None) -> dict[str, Op]:
             OURS: lambda context, data: context.comm.all_reduce_dict(data),
             TORCH: _torch_all_reduce_dict,
         },
-        "all_gather_bytes": {TORCH: _torch_all_gather_bytes},
+        "raw_all_gather": {TORCH: _torch_raw_all_gather},
     }
     for name, extra in (_mmengine_impls(mm) if mm is not None else {}).items():
         impls[name].update(extra)

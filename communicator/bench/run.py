@@ -15,12 +15,13 @@ import torch.distributed as dist
 
 from communicator.base import Communicator
 from communicator.bench.cases import CASES, Case
+from communicator.bench.measured import CaseRun
 from communicator.bench.ops import Context, Op, build_ops, load_mmengine
 from communicator.bench.payloads import Sizes
-from communicator.bench.timing import Call, time_case
+from communicator.bench.timing import time_case
 from communicator.spawn import launch
 
-__all__ = ["CaseRun", "Plan", "run_benchmark"]
+__all__ = ["Plan", "run_benchmark"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,18 +32,6 @@ class Plan:
     repeat: int
     cases: tuple[str, ...]
     sizes: Sizes
-
-
-@dataclasses.dataclass
-class CaseRun:
-    """One case's outcome, as rank 0 reports it."""
-
-    case: str
-    describe: str
-    bytes_per_rank: list[int]  # each rank's pickled payload
-    seconds: dict[Call, list[float]]  # per repetition, the slowest rank's
-    correct: dict[Call, bool]
-    errors: dict[Call, str]  # calls that failed in the check run, and were not timed
 
 
 def _progress(message: str) -> None:
@@ -68,7 +57,7 @@ def _run_case(context: Context, ops: dict[str, Op], case: Case, plan: Plan) -> C
         f"{calls} calls x {plan.repeat} repetitions"
     )
     timings = time_case(context, selected, inputs, plan.repeat)
-    return CaseRun(case.name, case.describe, lengths, timings.seconds, timings.correct, timings.errors)
+    return CaseRun(case.name, case.describe, lengths, timings)
 
 
 def _bench_rank(comm: Communicator, plan: Plan, scratch: str) -> list[CaseRun] | None:

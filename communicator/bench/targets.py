@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Sequence
 
+from communicator.bench.cases import LIST_OPS, OBJECT_OPS
+from communicator.bench.measured import CaseRun
 from communicator.bench.ops import MMENGINE, MMENGINE_GPU, OURS, OURS_SAFE, TORCH
-from communicator.bench.run import CaseRun
 from communicator.bench.timing import Call
 
 __all__ = ["TARGETS", "Outcome", "Target", "evaluate"]
 
-OBJECT_OPS = ("all_gather_object", "gather_object", "broadcast_object", "collect_results")
-RAW = ("all_gather_bytes", TORCH)
+RAW = ("raw_all_gather", TORCH)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +51,7 @@ def _faster_than(case: str, op: str, peer: str, factor: float) -> Target:
 
 
 def _than_raw(case: str, op: str) -> Target:
-    return Target(case, f"{op} raw-all_gather/ours", (RAW,), ((op, OURS),), at_least=1.0)
+    return Target(case, f"{op} raw_all_gather/ours", (RAW,), ((op, OURS),), at_least=1.0)
 
 
 def _safe_close(case: str, ops: Sequence[str]) -> Target:
@@ -77,18 +76,17 @@ TARGETS: tuple[Target, ...] = (
     _faster_than("tensors", "broadcast_object", TORCH, 2),
     *(_faster_than(case, "collect_results", MMENGINE, 2) for case in ("records", "arrays")),
     *(_faster_than(case, "collect_results", MMENGINE_GPU, 5) for case in ("records", "arrays")),
-    *(_faster_than("small", op, TORCH, 1.5) for op in OBJECT_OPS[:3]),
-    *(_faster_than("records", op, TORCH, 1.0) for op in OBJECT_OPS[:3]),
+    *(_faster_than("small", op, TORCH, 1.5) for op in OBJECT_OPS),
+    *(_faster_than("records", op, TORCH, 1.0) for op in OBJECT_OPS),
     _faster_than("dict100", "all_reduce_dict", MMENGINE, 1.0),
-    _safe_close("small", OBJECT_OPS[:3]),
-    *(_safe_close(case, OBJECT_OPS) for case in ("records", "arrays", "tensors", "unequal")),
+    _safe_close("small", OBJECT_OPS),
+    *(_safe_close(case, LIST_OPS) for case in ("records", "arrays", "tensors", "unequal")),
 )
 
 
 def _total_median(run: CaseRun, calls: tuple[Call, ...]) -> float | None:
-    if any(call not in run.seconds for call in calls):
-        return None
-    return sum(statistics.median(run.seconds[call]) for call in calls)
+    medians = [run.median_ms(call) for call in calls]
+    return None if None in medians else sum(m for m in medians if m is not None)
 
 
 def evaluate(runs: Sequence[CaseRun]) -> list[Outcome]:

@@ -20,6 +20,11 @@ __all__ = ["Call", "Timings", "time_case"]
 
 Call = tuple[str, str]  # (op name, implementation name)
 
+# Calls shorter than this are repeated back to back within one sample, so that a millisecond of
+# scheduling jitter on a busy machine does not decide the median of a sub-millisecond op.
+MIN_SAMPLE_SECONDS = 0.05
+MAX_LOOPS = 50
+
 
 @dataclasses.dataclass
 class Timings:
@@ -28,6 +33,7 @@ class Timings:
     seconds: dict[Call, list[float]]
     correct: dict[Call, bool]
     errors: dict[Call, str]
+    loops: dict[Call, int]  # calls per timed sample after the first
 
 
 def _slowest(values: Sequence[float]) -> list[float]:
@@ -42,15 +48,21 @@ def _on_every_rank(flags: Sequence[bool]) -> list[bool]:
     return [value == 0 for value in _slowest([0.0 if flag else 1.0 for flag in flags])]
 
 
-def _timed(impl: Impl, context: Context, data: Any) -> tuple[Any, float, str | None]:
-    """(result, seconds, error); a failing peer library is a finding to report, not a crash."""
+def _timed(impl: Impl, context: Context, data: Any, loops: int = 1) -> tuple[Any, float, str | None]:
+    """(last result, seconds per call, error); a failing peer library is a finding to report, not a crash."""
     dist.barrier()
     start = time.perf_counter()
     try:
-        result = impl(context, data)
+        for _ in range(loops):
+            result = impl(context, data)
     except Exception as error:  # noqa: BLE001 - reported in the table as n/a with the reason
         return None, 0.0, f"{type(error).__name__}: {error}".splitlines()[0]
-    return result, time.perf_counter() - start, None
+    return result, (time.perf_counter() - start) / loops, None
+
+
+def _loops(first_seconds: float) -> int:
+    """How many calls make one sample last about ``MIN_SAMPLE_SECONDS``."""
+    return max(1, min(MAX_LOOPS, round(MIN_SAMPLE_SECONDS / max(first_seconds, 1e-6))))
 
 
 def _checked_repetition(context: Context, ops: Sequence[Op], inputs: Mapping[str, Any]) -> Timings:
@@ -81,10 +93,12 @@ def _checked_repetition(context: Context, ops: Sequence[Op], inputs: Mapping[str
         if not ran_everywhere:
             errors.setdefault(call, "failed on another rank")
     slowest = dict(zip(calls, _slowest([seconds[call] for call in calls]), strict=True))
+    kept = [call for call in calls if call not in errors]
     return Timings(
-        {call: [slowest[call]] for call in calls if call not in errors},
+        {call: [slowest[call]] for call in kept},
         dict(zip(calls, _on_every_rank([correct[call] for call in calls]), strict=True)),
         errors,
+        {call: _loops(slowest[call]) for call in kept},  # the same on every rank: from the slowest times
     )
 
 
@@ -103,7 +117,8 @@ def time_case(context: Context, ops: Sequence[Op], inputs: Mapping[str, Any], re
         order = [*calls[shift:], *calls[:shift]]
         local = []
         for op_name, impl_name in order:
-            result, elapsed, error = _timed(impls[op_name, impl_name], context, inputs[op_name])
+            loops = timings.loops[op_name, impl_name]
+            result, elapsed, error = _timed(impls[op_name, impl_name], context, inputs[op_name], loops)
             if error is not None:
                 raise RuntimeError(f"{op_name} ({impl_name}) failed after succeeding once: {error}")
             del result  # freed outside the timed region

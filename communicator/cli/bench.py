@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Sequence
 
 from communicator.bench.cases import CASE_NAMES
+from communicator.bench.measured import CaseRun, all_correct
 from communicator.bench.payloads import FULL, QUICK
-from communicator.bench.report import all_correct, format_errors, format_table, format_targets, to_json
+from communicator.bench.record import to_json
 from communicator.bench.run import Plan, run_benchmark
+from communicator.bench.table import format_errors, format_table, format_targets
 from communicator.bench.targets import evaluate
 from communicator.errors import CommError
 
@@ -19,17 +22,20 @@ DEFAULT_REPEAT = 5
 QUICK_REPEAT = 2
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
+def _at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer of at least {minimum}, got {text}")
+        return value
+
+    return parse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--world-size", type=_positive, default=4, help="local gloo ranks to start (default 4)")
+    parser.add_argument("--world-size", type=_at_least(2), default=4, help="local gloo ranks to start (default 4)")
     parser.add_argument(
-        "--repeat", type=_positive, default=None,
+        "--repeat", type=_at_least(1), default=None,
         help=f"timed repetitions per call (default {DEFAULT_REPEAT}, {QUICK_REPEAT} with --quick)",
     )
     parser.add_argument(
@@ -41,10 +47,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped")
 
 
+def _print_report(runs: Sequence[CaseRun], quick: bool) -> None:
+    print(format_table(runs))
+    errors = format_errors(runs)
+    if errors:
+        print(f"\n{errors}")
+    outcomes = evaluate(runs)
+    if outcomes:
+        scope = " (set for the full payloads: a --quick run only shows the form)" if quick else ""
+        print(f"\ntargets{scope}\n{format_targets(outcomes)}")
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.world_size < 2:
-        print("communicator bench: --world-size must be at least 2 (a collective needs peers)", file=sys.stderr)
-        return 2
     repeat = args.repeat or (QUICK_REPEAT if args.quick else DEFAULT_REPEAT)
     cases = tuple(name for name in CASE_NAMES if name in args.cases)
     plan = Plan(args.world_size, repeat, cases, QUICK if args.quick else FULL)
@@ -54,13 +68,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"communicator bench: the ranks failed: {error}", file=sys.stderr)
         return 1
     print(f"world size {plan.world_size}, median of {plan.repeat} repetitions, slowest rank per repetition")
-    print(format_table(runs))
-    errors = format_errors(runs)
-    if errors:
-        print(f"\n{errors}")
-    outcomes = evaluate(runs)
-    if outcomes:
-        print(f"\ntargets\n{format_targets(outcomes)}")
+    _print_report(runs, args.quick)
     if args.json:
         with open(args.json, "w") as out:
             json.dump(to_json(plan, runs, args.quick), out, indent=1)

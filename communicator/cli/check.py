@@ -444,6 +444,24 @@ def _all_reduce_dict(op: str, comm: Communicator, n: int) -> None:
 
 
 
+def _all_reduce_dict_numpy(comm: Communicator, n: int) -> None:
+    world, ranks = comm.world_size, sum(range(comm.world_size))
+
+    def values(total: float, count: Any) -> dict[str, Any]:
+        return {"score": np.float32(0.5 * total), "hits": count, "array": np.arange(3.0) * total}
+
+    mine = values(comm.rank, np.int64(comm.rank))
+    # NumPy values come back as NumPy values of the same kind; an integer mean as a float64.
+    expected = {"sum": values(ranks, np.int64(ranks)), "mean": values(ranks / world, np.float64(ranks / world))}
+    for op, want in expected.items():
+        got = comm.all_reduce_dict(mine, op=op)
+        for key, value in want.items():
+            mine_value: Any = got.get(key)
+            same = (type(mine_value) is type(value) and np.shape(mine_value) == np.shape(value)
+                    and bool(np.allclose(mine_value, value, rtol=1e-6)))
+            _expect(same, f"all_reduce_dict(op={op!r})[{key!r}]: got {mine_value!r}, expected {value!r}")
+
+
 def _collect_interleaved(comm: Communicator, n: int) -> None:
     world, per_rank = comm.world_size, 8 if n < 1000 else 50
     width = max(1, n // per_rank)
@@ -552,6 +570,7 @@ CHECKS: tuple[Check, ...] = (
     Check("send_object/recv_object", _send_recv_object),
     Check("all_reduce_dict[sum]", functools.partial(_all_reduce_dict, "sum")),
     Check("all_reduce_dict[mean]", functools.partial(_all_reduce_dict, "mean")),
+    Check("all_reduce_dict[numpy]", _all_reduce_dict_numpy, sized=False),
     Check("collect_results[interleave]", _collect_interleaved),
     Check("collect_results[contiguous]", _collect_contiguous),
     Check("sync_random_seed", _sync_random_seed, sized=False),

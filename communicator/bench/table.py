@@ -1,0 +1,80 @@
+"""The printed report: an aligned table of medians and ratios, the failures, the targets."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from communicator.bench.measured import CaseRun
+from communicator.bench.ops import MMENGINE, MMENGINE_GPU, OURS, OURS_SAFE, TORCH
+from communicator.bench.targets import Outcome
+
+__all__ = ["format_errors", "format_table", "format_targets"]
+
+COLUMNS = {OURS: "ours ms", OURS_SAFE: "safe ms", TORCH: "torch ms", MMENGINE: "mmengine ms"}
+# (label, numerator, denominator): above 1 means this library's default is faster, except safe/ours.
+RATIOS = (("torch/ours", TORCH, OURS), ("mmengine/ours", MMENGINE, OURS), ("safe/ours", OURS_SAFE, OURS))
+# collect_results has two mmengine modes; each gets its own row, the mmengine column showing that mode.
+MMENGINE_MODES = {MMENGINE: "tmpdir", MMENGINE_GPU: "gpu"}
+
+
+def _number(value: float | None, suffix: str = "") -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:.1f}{suffix}" if value >= 10 else f"{value:.2f}{suffix}"
+
+
+def _ratio(top: float | None, bottom: float | None) -> str:
+    return _number(top / bottom, "x") if top is not None and bottom else "n/a"
+
+
+def _row(run: CaseRun, label: str, op: str, mmengine_impl: str) -> list[str]:
+    """One table row; the mmengine column shows ``mmengine_impl``."""
+    shown = {impl: run.median_ms((op, impl if impl != MMENGINE else mmengine_impl)) for impl in COLUMNS}
+    tried = [impl for impl in run.impls(op) if impl in (OURS, OURS_SAFE, TORCH, mmengine_impl)]
+    right = all(run.timings.correct[op, impl] for impl in tried)
+    return [
+        run.case,
+        label,
+        *(_number(value) for value in shown.values()),
+        *(_ratio(shown[top], shown[bottom]) for _, top, bottom in RATIOS),
+        "yes" if right else "NO",
+    ]
+
+
+def _rows(run: CaseRun, op: str) -> list[list[str]]:
+    modes = [impl for impl in MMENGINE_MODES if impl in run.impls(op)]
+    if len(modes) < 2:
+        return [_row(run, op, op, MMENGINE)]
+    return [_row(run, f"{op} ({MMENGINE_MODES[impl]})", op, impl) for impl in modes]
+
+
+def _align(column: int, cell: str, width: int) -> str:
+    """Names to the left, numbers to the right."""
+    return cell.ljust(width) if column < 2 else cell.rjust(width)
+
+
+def format_table(runs: Sequence[CaseRun]) -> str:
+    """One row per case and op (collect_results: one per mmengine mode); medians in milliseconds."""
+    header = ["case", "op", *COLUMNS.values(), *(label for label, _, _ in RATIOS), "correct"]
+    rows = [header, *(row for run in runs for op in run.ops() for row in _rows(run, op))]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(_align(i, cell, widths[i]) for i, cell in enumerate(row)) for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def format_errors(runs: Sequence[CaseRun]) -> str:
+    """The calls that failed, and why (empty when none did)."""
+    return "\n".join(
+        f"n/a: {run.case} {op} ({impl}): {reason}"
+        for run in runs
+        for (op, impl), reason in run.timings.errors.items()
+    )
+
+
+def format_targets(outcomes: Sequence[Outcome]) -> str:
+    return "\n".join(
+        f"{'met   ' if outcome.met else 'MISSED'}  {outcome.target.label}: "
+        f"{'n/a' if outcome.ratio is None else f'{outcome.ratio:.2f}'}"
+        for outcome in outcomes
+    )
