@@ -16,8 +16,8 @@ from communicator.errors import (
     RemoteError,
 )
 from communicator.handles import Handle
-from communicator.spawn import launch
 from communicator.nondist import NonDistComm
+from communicator.spawn import launch
 from communicator.torch_comm import TorchComm
 
 __version__ = "0.1.0"

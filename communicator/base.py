@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, ParamSpec, TypeVar
 import numpy as np
 import torch
 
-from communicator.dicts import all_reduce_dict
-from communicator.results import collect_results
 from communicator.config import CommConfig, ConfigLike
-from communicator.errors import CommError, ConfigError, RemoteError, RemoteFailure, CollectiveMismatchError
+from communicator.dicts import all_reduce_dict
+from communicator.errors import CollectiveMismatchError, CommError, ConfigError, RemoteError, RemoteFailure
 from communicator.guard import collective, fingerprint
 from communicator.ops import ReduceOpLike
 from communicator.records import (
@@ -31,6 +30,7 @@ from communicator.records import (
     failure_record,
     frame_record,
 )
+from communicator.results import collect_results
 from communicator.serialization import Codec, make_codec, pack_frame, receive_device, unpack_frame
 
 if TYPE_CHECKING:
@@ -146,7 +146,10 @@ class Communicator(abc.ABC):
 
     def describe(self) -> str:
         """What this communicator is and why ``create`` chose it."""
-        head = f"{type(self).__name__}: rank {self.rank} of {self.world_size}, backend {self.backend}, device {self.device}"
+        head = (
+            f"{type(self).__name__}: rank {self.rank} of {self.world_size}, "
+            f"backend {self.backend}, device {self.device}"
+        )
         return f"{head}\n  why: {self._reason}" if self._reason else head
 
     def __repr__(self) -> str:
@@ -315,11 +318,11 @@ class Communicator(abc.ABC):
         """Receive into ``tensor`` from rank ``src`` (blocking) and return it."""
 
     @abc.abstractmethod
-    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle:
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle[None]:
         """Start sending ``tensor`` to ``dst``; the handle's ``wait()`` finishes it."""
 
     @abc.abstractmethod
-    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Handle:
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Handle[torch.Tensor]:
         """Start receiving into ``tensor`` from ``src``; ``wait()`` returns the tensor."""
 
     # -- groups ---------------------------------------------------------------------------------
@@ -368,12 +371,17 @@ class Communicator(abc.ABC):
             # 4 ranks, shape (2, 2)
             row, col = comm.grid((2, 2))  # rank 3: row over ranks [2, 3], col over ranks [1, 3]
         """
-        if (not isinstance(shape, tuple) or len(shape) != 2
-                or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)):
+        if (
+            not isinstance(shape, tuple)
+            or len(shape) != 2
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)
+        ):
             raise TypeError(f"grid needs a (rows, cols) tuple of positive ints, got {shape!r}")
         rows, cols = shape
         if rows * cols != self.world_size:
-            raise ValueError(f"grid {rows}x{cols} has {rows * cols} places but the communicator has {self.world_size} ranks")
+            raise ValueError(
+                f"grid {rows}x{cols} has {rows * cols} places but the communicator has {self.world_size} ranks"
+            )
         return self.split(color=self.rank // cols), self.split(color=self.rank % cols)
 
     # -- primitives: raw bytes for object traffic ---------------------------------------------
@@ -405,10 +413,10 @@ class Communicator(abc.ABC):
             raise CommError(f"{what}: this communicator is closed")
         self._seq += 1
 
-    def _announce_bad_arguments(self, error: BaseException, what: str) -> None:
+    def _announce_bad_arguments(self, error: BaseException, what: str) -> None:  # noqa: B027 - optional hook
         """Tell the other ranks that this rank refused its arguments (peers may already be waiting)."""
 
-    def _announce_failure(self, error: BaseException, where: str) -> None:
+    def _announce_failure(self, error: BaseException, where: str) -> None:  # noqa: B027 - optional hook
         """Tell the other ranks that this rank failed for good (the communicator is then unusable)."""
 
     def _compare_fingerprints(self, op: str, arguments: Mapping[str, Any]) -> None:
@@ -430,7 +438,10 @@ class Communicator(abc.ABC):
         keys = ("op", "seq", "args")
         if any(any(side.get(k) != mine.get(k) for k in keys) for side in sides):
             raise CollectiveMismatchError(
-                {r: f"#{side.get('seq')} {side.get('op')}({side.get('args')}) at {side.get('site')}" for r, side in enumerate(sides)},
+                {
+                    r: f"#{side.get('seq')} {side.get('op')}({side.get('args')}) at {side.get('site')}"
+                    for r, side in enumerate(sides)
+                },
                 "debug mode: ranks called different collectives",
             )
 
@@ -465,7 +476,7 @@ class Communicator(abc.ABC):
             receive_device.reset(token)
 
     def _payloads(self, records: Sequence[Record], frames: Mapping[int, np.ndarray]) -> list[memoryview]:
-        return [memoryview(frames[r]) if rec.is_large else rec.inline for r, rec in enumerate(records)]
+        return [frames[r].data if rec.is_large else rec.inline for r, rec in enumerate(records)]
 
     @collective()
     def all_gather_object(self, obj: T) -> list[T]:
@@ -485,7 +496,9 @@ class Communicator(abc.ABC):
         frame, record, error = self._encode(obj, where)
         records = check_records(self._gather_records(record), range(self.world_size), self.rank, error, where)
         assert frame is not None
-        frames = {r: np.empty(rec.length, dtype=np.uint8) for r, rec in enumerate(records) if rec.is_large and r != self.rank}
+        frames = {
+            r: np.empty(rec.length, dtype=np.uint8) for r, rec in enumerate(records) if rec.is_large and r != self.rank
+        }
         sends = {r: frame for r in range(self.world_size) if r != self.rank} if records[self.rank].is_large else {}
         self._exchange(sends, frames)
         frames[self.rank] = frame
@@ -538,10 +551,10 @@ class Communicator(abc.ABC):
         if self.rank == src:
             assert frame is not None
             self._exchange({r: frame for r in range(self.world_size) if r != src}, {})
-            return self._decode(memoryview(frame), src)  # type: ignore[no-any-return]
+            return self._decode(frame.data, src)  # type: ignore[no-any-return]
         data = np.empty(rec.length, dtype=np.uint8)
         self._exchange({}, {src: data})
-        return self._decode(memoryview(data), src)  # type: ignore[no-any-return]
+        return self._decode(data.data, src)  # type: ignore[no-any-return]
 
     @collective("objects:len", "src")
     def broadcast_object_list(self, objects: list[Any], src: int = 0) -> list[Any]:
@@ -554,7 +567,7 @@ class Communicator(abc.ABC):
         """
         if not isinstance(objects, list):
             raise TypeError(f"broadcast_object_list needs a list, got {type(objects).__name__}")
-        received = self.broadcast_object(objects if self.rank == src else None, src)
+        received: list[Any] = self.broadcast_object(objects if self.rank == src else [], src)
         if len(received) != len(objects):
             raise ValueError(
                 f"broadcast_object_list: rank {self.rank} passed {len(objects)} items, src {src} sent {len(received)}"
@@ -584,12 +597,12 @@ class Communicator(abc.ABC):
             assert rows is not None
             large = {r: frames[r] for r in range(self.world_size) if r != src and Record(rows[r]).is_large}
             self._exchange(large, {})
-            return self._decode(memoryview(frames[src]), src)  # type: ignore[no-any-return]
+            return self._decode(frames[src].data, src)  # type: ignore[no-any-return]
         if not rec.is_large:
             return self._decode(rec.inline, src)  # type: ignore[no-any-return]
         data = np.empty(rec.length, dtype=np.uint8)
         self._exchange({}, {src: data})
-        return self._decode(memoryview(data), src)  # type: ignore[no-any-return]
+        return self._decode(data.data, src)  # type: ignore[no-any-return]
 
     def _encode_each(
         self, objects: Sequence[Any] | None, where: str
@@ -645,7 +658,7 @@ class Communicator(abc.ABC):
             return self._decode(rec.inline, src)
         data = np.empty(rec.length, dtype=np.uint8)
         self._exchange({}, {src: data})
-        return self._decode(memoryview(data), src)
+        return self._decode(data.data, src)
 
     # -- derived operations --------------------------------------------------------------------
 
@@ -705,9 +718,8 @@ class Communicator(abc.ABC):
         """
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-        if seed is None and self.is_main_process:
-            seed = random.SystemRandom().randrange(2**31)
-        chosen: int = self.broadcast_object(seed if self.is_main_process else None, src=0)
+        drawn = random.SystemRandom().randrange(2**31) if seed is None else seed
+        chosen: int = self.broadcast_object(drawn if self.is_main_process else 0, src=0)
         return chosen
 
     @collective()
@@ -803,5 +815,3 @@ def _rng_digest() -> str:
     h.update(repr(np.random.get_state(legacy=True)).encode())
     h.update(torch.get_rng_state().numpy().tobytes())
     return h.hexdigest()
-
-

@@ -118,9 +118,7 @@ class CommConfig:
         for key, value in values.items():
             name = ALIASES.get(key, key)
             if name not in known:
-                raise ConfigError(
-                    f"unknown config key {key!r}: expected one of {sorted(known | set(ALIASES))}"
-                )
+                raise ConfigError(f"unknown config key {key!r}: expected one of {sorted(known | set(ALIASES))}")
             if name in kwargs:
                 raise ConfigError(f"config key {name!r} given twice (directly and as an alias)")
             kwargs[name] = value

@@ -72,7 +72,9 @@ def _leaf(path: Path, value: Any) -> _Leaf:
 
 
 def _signature(leaves: list[_Leaf]) -> list[tuple[str, str, tuple[int, ...], str]]:
-    return [(repr(leaf.path), str(leaf.tensor.dtype), tuple(leaf.tensor.shape), leaf.tensor.device.type) for leaf in leaves]
+    return [
+        (repr(leaf.path), str(leaf.tensor.dtype), tuple(leaf.tensor.shape), leaf.tensor.device.type) for leaf in leaves
+    ]
 
 
 def _mismatch(signatures: list[list[tuple[str, str, tuple[int, ...], str]]]) -> CollectiveMismatchError:
@@ -154,7 +156,7 @@ def all_reduce_dict(comm: Communicator, data: Mapping[Any, Any], op: ReduceOpLik
         offset = -(-(offset + leaf.nbytes) // _ALIGN) * _ALIGN
     inline = offset <= RECORD_BYTES - _HEAD.size
     record = np.zeros(RECORD_BYTES, dtype=np.uint8)
-    _HEAD.pack_into(record, 0, digest, int(inline), offset)
+    _HEAD.pack_into(record.data, 0, digest, int(inline), offset)
     if inline:
         for leaf in leaves:
             raw = leaf.tensor.cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
@@ -191,6 +193,6 @@ def _reduce_buckets(comm: Communicator, leaves: list[_Leaf], name: str) -> list[
         comm.all_reduce(flat, op="sum" if integer_mean else name)
         if integer_mean:
             flat /= comm.world_size
-        for member, piece in zip(members, flat.split([m.tensor.numel() for m in members]), strict=True):
+        for member, piece in zip(members, torch.split(flat, [m.tensor.numel() for m in members]), strict=True):
             reduced.append((member.path, _restore(member, piece.reshape(member.tensor.shape))))
     return reduced

@@ -116,8 +116,10 @@ def init_dist(launcher: str, backend: str = "nccl", init_backend: str = "torch",
     """Start the job's process group and open a communicator that later calls use.
 
     The communicator stays open (and active) until :func:`close_dist`, which runs a barrier,
-    destroys the process group and restores the environment variables it set; at interpreter
-    exit torch cleans up as it does after mmengine's ``init_dist``.
+    destroys the process group and restores the environment variables it set (``RANK``,
+    ``LOCAL_RANK``, ... are set under every launcher, MPI included). Without ``close_dist`` the
+    group lives until the process exits, as after mmengine's ``init_dist``. The global
+    multiprocessing start method is left alone, and CUDA is touched only for ``'nccl'``.
 
     Args:
         launcher (str): ``'pytorch'`` (torchrun), ``'slurm'``, ``'mpi'`` (any MPI), or one MPI
@@ -154,6 +156,7 @@ def init_dist(launcher: str, backend: str = "nccl", init_backend: str = "torch",
         raise CommError(
             "init_dist: torch.distributed is already initialised; communicator.dist uses the existing default group"
         )
+    close_dist()  # a communicator left open after its group was destroyed elsewhere; torch is down, so no barrier
     open_comm(Communicator.create({**kwargs, "launcher": launcher, "backend": backend}))
 
 
@@ -436,7 +439,7 @@ def gather(data: torch.Tensor, dst: int | None = None, group: GroupLike = None) 
     """
     comm = comm_for(group)
     gathered: list[torch.Tensor] | None = comm.gather(data, dst=local_rank_of(comm, dst))
-    return None if gathered is None else [tensor.to(data.device) for tensor in gathered]
+    return [] if gathered is None else [tensor.to(data.device) for tensor in gathered]
 
 
 def broadcast(data: torch.Tensor, src: int | None = None, group: GroupLike = None) -> None:
@@ -469,11 +472,14 @@ def all_reduce_params(
     bucket's concatenation, copied back into each tensor. Without it, one all-reduce per tensor.
 
     Examples:
-        >>> params = [torch.tensor([1.0, 2.0]), torch.tensor([3.0])] if get_rank() == 0 else \\
-        ...          [torch.tensor([2.0, 3.0]), torch.tensor([4.0])]
+        >>> params = [torch.tensor([1.0, 2.0]) + get_rank(), torch.tensor([3.0]) + get_rank()]
+        >>> params
+        [tensor([1., 2.]), tensor([3.])]  # rank 0
+        [tensor([2., 3.]), tensor([4.])]  # rank 1
         >>> all_reduce_params(params)
         >>> params
-        [tensor([3., 5.]), tensor([7.])]  # rank 0 and rank 1
+        [tensor([3., 5.]), tensor([7.])]  # rank 0
+        [tensor([3., 5.]), tensor([7.])]  # rank 1
     """
     comm = comm_for(group)
     tensors = [param.data for param in params]

@@ -34,9 +34,7 @@ class CommTimeoutError(CommError, TimeoutError):
 
     def __init__(self, message: str, missing_ranks: Sequence[int] | None = None) -> None:
         super().__init__(message)
-        self.missing_ranks: tuple[int, ...] | None = (
-            None if missing_ranks is None else tuple(missing_ranks)
-        )
+        self.missing_ranks: tuple[int, ...] | None = None if missing_ranks is None else tuple(missing_ranks)
 
 
 class PeerLostError(CommError):

@@ -23,12 +23,16 @@ def create(cfg: ConfigLike = None) -> Communicator:
     if config.type is not None:
         registry = Communicator.registered()
         if config.type not in registry:
-            raise ConfigError(f"type={config.type!r} is not registered: expected one of {sorted(registry) or 'none registered'}")
+            raise ConfigError(
+                f"type={config.type!r} is not registered: expected one of {sorted(registry) or 'none registered'}"
+            )
         return registry[config.type].from_config(config)
     if config.launcher == "none":
         return NonDistComm(config, reason="launcher='none' asks for a single process")
     if dist.is_available() and dist.is_initialized():
-        return TorchComm.adopt(config, reason="torch.distributed was already initialised: adopted its default group (not owned)")
+        return TorchComm.adopt(
+            config, reason="torch.distributed was already initialised: adopted its default group (not owned)"
+        )
     env = detect_launcher(config.launcher, master_addr=config.master_addr, master_port=config.master_port)
     if env is None:
         looked = ", ".join(cls.name for cls in LAUNCHERS)
@@ -40,11 +44,16 @@ def resolve_backend(backend: str) -> str:
     """``auto`` means nccl when CUDA is usable, else gloo; an unavailable backend is a ConfigError."""
     if backend == "auto":
         return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-    available = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available() and torch.cuda.is_available(),
-                 "mpi": dist.is_mpi_available()}
+    available = {
+        "gloo": dist.is_gloo_available(),
+        "nccl": dist.is_nccl_available() and torch.cuda.is_available(),
+        "mpi": dist.is_mpi_available(),
+    }
     if not available[backend]:
-        raise ConfigError(f"backend={backend!r} is not available in this torch build or machine: "
-                          f"available are {[name for name, ok in available.items() if ok]}")
+        raise ConfigError(
+            f"backend={backend!r} is not available in this torch build or machine: "
+            f"available are {[name for name, ok in available.items() if ok]}"
+        )
     return backend
 
 
@@ -72,6 +81,8 @@ def _initialize(config: CommConfig, env: LauncherEnv) -> TorchComm:
         restore_environ(saved)
         if isinstance(error, (CommError, KeyboardInterrupt)):
             raise
-        raise CommError(f"could not start the {backend} group at {init_method} (rank {env.rank} of {env.world_size}): {error}") from error
+        raise CommError(
+            f"could not start the {backend} group at {init_method} (rank {env.rank} of {env.world_size}): {error}"
+        ) from error
     comm._env_restore = saved
     return comm

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import PrefixStore, Store
 
 from communicator.errors import CommTimeoutError, PeerLostError, RemoteError, RemoteFailure
 
@@ -32,7 +33,7 @@ class FailureBoard:
     barriers that name the ranks which did not arrive.
     """
 
-    def __init__(self, store: dist.Store, world_size: int, name: str) -> None:
+    def __init__(self, store: Store, world_size: int, name: str) -> None:
         #: The namespace's path in the store; unique in the job.
         self.name = name
         self._store = store
@@ -50,7 +51,7 @@ class FailureBoard:
             number[0] = base.add(_BOARDS_KEY, 1)
         dist.broadcast(number, group=comm._cpu_group, group_src=comm._group_rank_of[0])
         name = f"board{int(number.item())}/"
-        return cls(dist.PrefixStore(f"communicator/{name}", base), comm.world_size, name)
+        return cls(PrefixStore(f"communicator/{name}", base), comm.world_size, name)
 
     def next_child(self) -> int:
         """A number for the next batch of subgroups; every member asks in the same order, so numbers agree."""
@@ -59,7 +60,7 @@ class FailureBoard:
 
     def child(self, world_size: int, name: str) -> FailureBoard:
         """A namespace for a subgroup, inside this one."""
-        return FailureBoard(dist.PrefixStore(name, self._store), world_size, self.name + name)
+        return FailureBoard(PrefixStore(name, self._store), world_size, self.name + name)
 
     def post(self, rank: int, error: BaseException, where: str) -> None:
         """Announce that ``rank`` failed for good; never raises (the store may be gone)."""
@@ -107,7 +108,9 @@ class FailureBoard:
         try:
             failures = [f for f in self.failures(comm._seq) if f.rank != comm.rank]
         except Exception:  # noqa: BLE001 - the store lives on rank 0: an unreachable one means rank 0 is gone
-            raise PeerLostError(f"{what} on rank {comm.rank}: the rendezvous store (hosted by world rank 0) is unreachable") from None
+            raise PeerLostError(
+                f"{what} on rank {comm.rank}: the rendezvous store (hosted by world rank 0) is unreachable"
+            ) from None
         if failures:
             raise RemoteError(failures, context=f"{what} on rank {comm.rank} abandoned")
 

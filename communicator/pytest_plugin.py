@@ -36,7 +36,9 @@ def world_size() -> int:
 def run(world_size: int) -> Callable[..., list[Any]]:
     """``run(fn, *args, cfg=None, timeout=...)``: ``fn(comm, *args)`` on ``world_size`` ranks, results in rank order."""
 
-    def runner(fn: Callable[..., Any], *args: Any, cfg: ConfigLike = None, timeout: float = DEFAULT_TIMEOUT) -> list[Any]:
+    def runner(
+        fn: Callable[..., Any], *args: Any, cfg: ConfigLike = None, timeout: float = DEFAULT_TIMEOUT
+    ) -> list[Any]:
         if world_size == 1:
             return [run_single(fn, *args, cfg=cfg)]
         return run_ranks(fn, world_size, *args, cfg=cfg, timeout=timeout)

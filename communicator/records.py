@@ -32,12 +32,12 @@ class Record:
     __slots__ = ("kind", "length", "raw")
 
     def __init__(self, raw: np.ndarray) -> None:
-        self.kind, self.length = _HEAD.unpack_from(raw, 0)
+        self.kind, self.length = _HEAD.unpack_from(raw.data, 0)
         self.raw = raw
 
     @property
     def inline(self) -> memoryview:
-        return memoryview(self.raw)[_HEAD.size : _HEAD.size + self.length]
+        return self.raw.data[_HEAD.size : _HEAD.size + self.length]
 
     @property
     def is_large(self) -> bool:
@@ -52,7 +52,7 @@ class Record:
 
 def empty_record() -> np.ndarray:
     out = np.zeros(RECORD_BYTES, dtype=np.uint8)
-    _HEAD.pack_into(out, 0, EMPTY, 0)
+    _HEAD.pack_into(out.data, 0, EMPTY, 0)
     return out
 
 
@@ -60,10 +60,10 @@ def frame_record(frame: np.ndarray) -> np.ndarray:
     """A record announcing ``frame``, inline when it fits."""
     out = np.empty(RECORD_BYTES, dtype=np.uint8)
     if frame.nbytes <= INLINE_BYTES:
-        _HEAD.pack_into(out, 0, INLINE, frame.nbytes)
+        _HEAD.pack_into(out.data, 0, INLINE, frame.nbytes)
         out[_HEAD.size : _HEAD.size + frame.nbytes] = frame
     else:
-        _HEAD.pack_into(out, 0, LARGE, frame.nbytes)
+        _HEAD.pack_into(out.data, 0, LARGE, frame.nbytes)
     return out
 
 
@@ -73,13 +73,17 @@ def failure_record(error: BaseException, where: str) -> np.ndarray:
     trace = "".join(traceback.format_exception(error))
     data = b""
     for keep in (INLINE_BYTES, 1200, 600, 200, 0):
-        info = {"type": type(error).__name__, "message": message[:max(keep, 300)], "where": where,
-                "traceback": trace[-keep:] if keep else ""}
+        info = {
+            "type": type(error).__name__,
+            "message": message[: max(keep, 300)],
+            "where": where,
+            "traceback": trace[-keep:] if keep else "",
+        }
         data = json.dumps(info).encode()
         if len(data) <= INLINE_BYTES:
             break
     out = np.zeros(RECORD_BYTES, dtype=np.uint8)
-    _HEAD.pack_into(out, 0, FAILED, len(data))
+    _HEAD.pack_into(out.data, 0, FAILED, len(data))
     out[_HEAD.size : _HEAD.size + len(data)] = np.frombuffer(data, dtype=np.uint8)
     return out
 

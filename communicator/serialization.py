@@ -43,18 +43,14 @@ _TABLE_HEAD = struct.Struct("<IQ")  # buffer count, pickle stream length
 _LENGTH = struct.Struct("<Q")
 
 #: The device that CUDA tensors inside received objects are moved to (``None``: stay on the CPU).
-receive_device: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar(
-    "receive_device", default=None
-)
+receive_device: contextvars.ContextVar[torch.device | None] = contextvars.ContextVar("receive_device", default=None)
 
 
 class UnsafePayloadError(pickle.UnpicklingError):
     """The ``"safe"`` serializer refused a class or function that it does not trust."""
 
 
-def _rebuild_tensor(
-    data: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool, was_cuda: bool
-) -> torch.Tensor:
+def _rebuild_tensor(data: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool, was_cuda: bool) -> torch.Tensor:
     torch_dtype = _DTYPES.get(dtype)
     if torch_dtype is None:
         raise pickle.UnpicklingError(f"unknown tensor dtype {dtype!r}")
@@ -77,9 +73,22 @@ def _rebuild_tensor(
 _DTYPES: dict[str, torch.dtype] = {
     str(dt): dt
     for dt in (
-        torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64,
-        torch.complex128, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
-        torch.bool, torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn,
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.complex64,
+        torch.complex128,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+        torch.float8_e4m3fn,
         torch.float8_e5m2,
     )
 }
@@ -97,7 +106,11 @@ class _Pickler(pickle.Pickler):
         flat = obj.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
         raw = flat.view(torch.uint8).numpy() if flat.numel() else np.empty(0, np.uint8)
         return _rebuild_tensor, (
-            pickle.PickleBuffer(raw), str(obj.dtype), tuple(obj.shape), obj.requires_grad, was_cuda
+            pickle.PickleBuffer(raw.data),
+            str(obj.dtype),
+            tuple(obj.shape),
+            obj.requires_grad,
+            was_cuda,
         )
 
 
@@ -147,8 +160,20 @@ _SAFE_GLOBALS = frozenset(
     {
         ("builtins", name)
         for name in (
-            "dict", "list", "tuple", "set", "frozenset", "bytearray", "bytes", "complex", "slice",
-            "range", "int", "float", "bool", "str",
+            "dict",
+            "list",
+            "tuple",
+            "set",
+            "frozenset",
+            "bytearray",
+            "bytes",
+            "complex",
+            "slice",
+            "range",
+            "int",
+            "float",
+            "bool",
+            "str",
         )
     }
     | {("collections", name) for name in ("OrderedDict", "defaultdict", "deque", "Counter")}
@@ -182,15 +207,15 @@ class _SafeUnpickler(pickle.Unpickler):
 
 
 def _is_trusted(qualified: str, trusted: Sequence[str]) -> bool:
-    return any(
-        qualified == entry or (entry.endswith(".") and qualified.startswith(entry)) for entry in trusted
-    )
+    return any(qualified == entry or (entry.endswith(".") and qualified.startswith(entry)) for entry in trusted)
 
 
 def _instance_is_safe(cls: type, trusted: Sequence[str]) -> bool:
     if issubclass(cls, (np.ndarray, np.generic, np.dtype, torch.dtype, torch.Tensor)) or cls is type(None):
         return True
-    return (cls.__module__, cls.__qualname__) in _SAFE_GLOBALS or _is_trusted(f"{cls.__module__}.{cls.__qualname__}", trusted)
+    return (cls.__module__, cls.__qualname__) in _SAFE_GLOBALS or _is_trusted(
+        f"{cls.__module__}.{cls.__qualname__}", trusted
+    )
 
 
 class _SafePickler(_Pickler):
@@ -291,9 +316,9 @@ def pack_frame(pieces: Sequence[memoryview], into: np.ndarray | None = None) -> 
     """Concatenate a codec's pieces into one uint8 array (the only copy a sender makes)."""
     total, offsets = frame_layout(pieces)
     out = np.empty(total, dtype=np.uint8) if into is None else into[:total]
-    _TABLE_HEAD.pack_into(out, 0, len(pieces) - 1, pieces[0].nbytes)
+    _TABLE_HEAD.pack_into(out.data, 0, len(pieces) - 1, pieces[0].nbytes)
     for i, piece in enumerate(pieces[1:]):
-        _LENGTH.pack_into(out, _TABLE_HEAD.size + i * _LENGTH.size, piece.nbytes)
+        _LENGTH.pack_into(out.data, _TABLE_HEAD.size + i * _LENGTH.size, piece.nbytes)
     for piece, offset in zip(pieces, offsets, strict=True):
         out[offset : offset + piece.nbytes] = np.frombuffer(piece.cast("B"), dtype=np.uint8)
     return out

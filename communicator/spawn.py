@@ -6,6 +6,7 @@ import faulthandler
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
+import pathlib
 import pickle
 import shutil
 import signal
@@ -45,13 +46,25 @@ class _Outcome:
 
 
 def _rank_main(
-    fn: Callable[..., Any], rank: int, nproc: int, port: int, cfg: CommConfig, args: Sequence[Any],
-    conn: mpc.Connection, env: Mapping[str, str], trace_path: str,
+    fn: Callable[..., Any],
+    rank: int,
+    nproc: int,
+    port: int,
+    cfg: CommConfig,
+    args: Sequence[Any],
+    conn: mpc.Connection,
+    env: Mapping[str, str],
+    trace_path: str,
 ) -> None:
     os.environ.update(
         {
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(nproc),
-            "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "GROUP_RANK": "0",
         }
     )
     os.environ.update(env)
@@ -115,7 +128,7 @@ def launch(
     config = CommConfig.of(cfg if cfg is not None else {"backend": "gloo"})
     if config.launcher not in ("auto", "pytorch"):
         raise ConfigError(f"launch() starts torchrun-style ranks; launcher={config.launcher!r} cannot apply")
-    ctx = mp.get_context(start_method)
+    ctx: Any = mp.get_context(start_method)
     if start_method == "forkserver":
         # Modules the ranks need anyway are imported once, in the fork server; pytest too when the
         # caller runs under it, since ranks unpickle test functions by importing their module.
@@ -129,8 +142,17 @@ def launch(
             parent_end, child_end = ctx.Pipe(duplex=False)
             process = ctx.Process(
                 target=_rank_main,
-                args=(fn, rank, nproc, port, config, tuple(args), child_end, _ranks_env(env, rank),
-                      os.path.join(workdir, f"rank{rank}.trace")),
+                args=(
+                    fn,
+                    rank,
+                    nproc,
+                    port,
+                    config,
+                    tuple(args),
+                    child_end,
+                    _ranks_env(env, rank),
+                    os.path.join(workdir, f"rank{rank}.trace"),
+                ),
                 name=f"communicator-rank{rank}",
                 daemon=True,
             )
@@ -166,8 +188,9 @@ def _collect(
         if failed_at is not None and now - failed_at > GRACE_SECONDS:
             for r in pending:
                 processes[r].kill()
-                outcomes[r] = _Outcome(False, failure=RemoteFailure(
-                    r, "Stopped", f"stopped {GRACE_SECONDS:g} s after another rank failed"))
+                outcomes[r] = _Outcome(
+                    False, failure=RemoteFailure(r, "Stopped", f"stopped {GRACE_SECONDS:g} s after another rank failed")
+                )
             break
         if deadline is not None and now > deadline:
             raise _timeout_error(processes, pending, workdir, timeout or 0.0)
@@ -209,15 +232,18 @@ def _launch_error(failures: list[RemoteFailure]) -> RemoteError:
     return error
 
 
-def _timeout_error(processes: list[mp.process.BaseProcess], pending: list[int], workdir: str, timeout: float) -> CommTimeoutError:
+def _timeout_error(
+    processes: list[mp.process.BaseProcess], pending: list[int], workdir: str, timeout: float
+) -> CommTimeoutError:
     for r in pending:
-        if processes[r].pid is not None and processes[r].is_alive():
-            os.kill(processes[r].pid, signal.SIGUSR1)  # faulthandler writes every thread's stack
+        pid = processes[r].pid
+        if pid is not None and processes[r].is_alive():
+            os.kill(pid, signal.SIGUSR1)  # faulthandler writes every thread's stack
     time.sleep(0.5)
     stacks = []
     for r in pending:
         path = os.path.join(workdir, f"rank{r}.trace")
-        text = open(path).read() if os.path.exists(path) else ""
+        text = pathlib.Path(path).read_text() if os.path.exists(path) else ""
         stacks.append(f"--- rank {r} ---\n{text.strip() or '(no stack dumped)'}")
     print("\n".join(stacks), file=sys.stderr)
     return CommTimeoutError(

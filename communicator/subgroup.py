@@ -39,8 +39,13 @@ class SubgroupComm(TorchComm):
         self._member = group is not None
         if self._member:
             super().__init__(
-                parent.config, group=group, global_ranks=global_ranks, topology=parent._topology,
-                board=board, owner=False, cpu_group=cpu_group,
+                parent.config,
+                group=group,
+                global_ranks=global_ranks,
+                topology=parent._topology,
+                board=board,
+                owner=False,
+                cpu_group=cpu_group,
                 reason=f"split from {type(parent).__name__} over world ranks {list(global_ranks)}",
             )
         else:
@@ -68,7 +73,9 @@ class SubgroupComm(TorchComm):
     @property
     def parent(self) -> TorchComm:
         """The communicator this subgroup was created from."""
-        return self._parent
+        parent = self._parent
+        assert parent is not None
+        return parent
 
     @override
     def _enter(self, what: str) -> None:

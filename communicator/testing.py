@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from communicator.config import CommConfig, ConfigLike
-from communicator.spawn import launch
 from communicator.nondist import NonDistComm
+from communicator.spawn import launch
 
 __all__ = ["DEFAULT_TIMEOUT", "run_ranks", "run_single"]
 

@@ -34,11 +34,30 @@ P2P_MIN_BYTES = 64 * 1024
 MAX_NDIM = 32
 # After a failure, how long world rank 0 keeps the rendezvous store up for peers still reading it.
 LINGER_SECONDS = 10.0
-_DTYPE_CODES = {dt: i for i, dt in enumerate(
-    (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
-     torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.uint16,
-     torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2)
-)}
+_DTYPE_CODES = {
+    dt: i
+    for i, dt in enumerate(
+        (
+            torch.float32,
+            torch.float64,
+            torch.float16,
+            torch.bfloat16,
+            torch.complex64,
+            torch.complex128,
+            torch.int64,
+            torch.int32,
+            torch.int16,
+            torch.int8,
+            torch.uint8,
+            torch.bool,
+            torch.uint16,
+            torch.uint32,
+            torch.uint64,
+            torch.float8_e4m3fn,
+            torch.float8_e5m2,
+        )
+    )
+}
 _CODE_DTYPES = {i: dt for dt, i in _DTYPE_CODES.items()}
 # torch 2.13 renamed all_gather_into_tensor; older releases only have the old name.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -106,7 +125,11 @@ class TorchComm(Communicator):
         """Wrap the initialised default group; closing the communicator leaves it initialised."""
         if not (dist.is_available() and dist.is_initialized()):
             raise CommError("TorchComm.adopt() needs torch.distributed to be initialised")
-        return cls(config or CommConfig(), topology=_topology_from_env(), reason=reason or "adopted the initialised default group")
+        return cls(
+            config or CommConfig(),
+            topology=_topology_from_env(),
+            reason=reason or "adopted the initialised default group",
+        )
 
     def _pick_device(self) -> torch.device:
         if self.config.device is not None:
@@ -118,8 +141,9 @@ class TorchComm(Communicator):
     def _make_cpu_group(self) -> dist.ProcessGroup:
         if self._backend == "gloo" or self.config.object_backend == "same":
             return self._group
-        group = dist.new_group(list(range(dist.get_world_size())), backend="gloo", timeout=self._timeout)
-        assert group is not None
+        group: dist.ProcessGroup = dist.new_group(
+            list(range(dist.get_world_size())), backend="gloo", timeout=self._timeout
+        )
         return group
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -242,7 +266,9 @@ class TorchComm(Communicator):
     def to_local(self, global_rank: int) -> int:
         """This communicator's rank for world rank ``global_rank``."""
         if global_rank not in self._global_ranks:
-            raise ValueError(f"world rank {global_rank} is not a member of this communicator {list(self._global_ranks)}")
+            raise ValueError(
+                f"world rank {global_rank} is not a member of this communicator {list(self._global_ranks)}"
+            )
         return self._global_ranks.index(global_rank)
 
     # -- subgroups ------------------------------------------------------------------------------
@@ -262,7 +288,8 @@ class TorchComm(Communicator):
         everyone = self.all_gather_object(members)
         if any(other != members for other in everyone):
             raise CollectiveMismatchError(
-                {r: f"new_group({other})" for r, other in enumerate(everyone)}, "new_group: ranks passed different member lists"
+                {r: f"new_group({other})" for r, other in enumerate(everyone)},
+                "new_group: ranks passed different member lists",
             )
         return self._create_subgroups([members])
 
@@ -284,7 +311,9 @@ class TorchComm(Communicator):
     def local_comm(self) -> Communicator:
         if self._local is None:
             nodes = self.all_gather_object(self.node_rank)
-            self._local = self._create_subgroups([[r for r, n in enumerate(nodes) if n == node] for node in sorted(set(nodes))])
+            self._local = self._create_subgroups(
+                [[r for r, n in enumerate(nodes) if n == node] for node in sorted(set(nodes))]
+            )
         return self._local
 
     def for_torch_group(self, group: dist.ProcessGroup) -> TorchComm:
@@ -441,8 +470,12 @@ class TorchComm(Communicator):
         return contextlib.nullcontext()
 
     def _in_place(
-        self, tensor: torch.Tensor, start: Callable[[torch.Tensor], Any], after: Callable[[torch.Tensor], None] | None,
-        async_op: bool, what: str,
+        self,
+        tensor: torch.Tensor,
+        start: Callable[[torch.Tensor], Any],
+        after: Callable[[torch.Tensor], None] | None,
+        async_op: bool,
+        what: str,
     ) -> Any:
         """Run an in-place collective on a contiguous device copy when needed, then write back."""
         work_tensor = self._on_device(tensor)
@@ -487,7 +520,7 @@ class TorchComm(Communicator):
         return self._in_place(
             tensor,
             lambda t: dist.all_reduce(t, op=torch_op(name), group=self._group, async_op=True),
-            (lambda t: t.div_(world)) if name == "mean" else None,
+            (lambda t: _divide(t, world)) if name == "mean" else None,
             async_op,
             "all_reduce",
         )
@@ -523,7 +556,9 @@ class TorchComm(Communicator):
 
         return self._in_place(
             tensor,
-            lambda t: dist.reduce(t, group=self._group, group_dst=self._group_rank_of[dst], op=torch_op(name), async_op=True),
+            lambda t: dist.reduce(
+                t, group=self._group, group_dst=self._group_rank_of[dst], op=torch_op(name), async_op=True
+            ),
             after,
             async_op,
             "reduce",
@@ -550,14 +585,18 @@ class TorchComm(Communicator):
     def _check_metas(self, rows: list[list[int]], what: str) -> list[tuple[torch.dtype, tuple[int, ...]]]:
         first = rows[0]
         if any(row[0] != first[0] or row[1] != first[1] for row in rows):
-            sides = {r: f"{what}({_CODE_DTYPES.get(row[0], 'unsupported dtype')}, shape {tuple(row[2 : 2 + row[1]])})"
-                     for r, row in enumerate(rows)}
+            sides = {
+                r: f"{what}({_CODE_DTYPES.get(row[0], 'unsupported dtype')}, shape {tuple(row[2 : 2 + row[1]])})"
+                for r, row in enumerate(rows)
+            }
             raise CollectiveMismatchError(sides, f"{what}: tensors must have the same dtype and number of dimensions")
         if first[0] not in _CODE_DTYPES:
             raise TypeError(f"{what}: unsupported tensor dtype")
         return [(_CODE_DTYPES[row[0]], tuple(row[2 : 2 + row[1]])) for row in rows]
 
-    def _p2p(self, sends: Mapping[int, torch.Tensor], recvs: Mapping[int, torch.Tensor], group: dist.ProcessGroup) -> list[Any]:
+    def _p2p(
+        self, sends: Mapping[int, torch.Tensor], recvs: Mapping[int, torch.Tensor], group: dist.ProcessGroup
+    ) -> list[Any]:
         """Start point-to-point transfers (ranks local); receives are posted first."""
         works = []
         for peer, tensor in recvs.items():
@@ -629,7 +668,7 @@ class TorchComm(Communicator):
         with self._translate("scatter"):
             work = dist.broadcast(metas, group=self._cpu_group, group_src=self._group_rank_of[src], async_op=True)
         self._wait([work], None, "scatter")
-        (dtype, shape), = self._check_metas([metas[self.rank].tolist()], "scatter")
+        ((dtype, shape),) = self._check_metas([metas[self.rank].tolist()], "scatter")
         if self.rank == src:
             self._check_metas(metas.tolist(), "scatter")
             result = sources[src].clone()
@@ -760,7 +799,9 @@ class TorchComm(Communicator):
         if records is not None:
             scatter_list = [torch.from_numpy(records[self._local_of_group[g]]) for g in range(self.world_size)]
         with self._translate("object scatter"):
-            work = dist.scatter(out, scatter_list, group=self._cpu_group, group_src=self._group_rank_of[src], async_op=True)
+            work = dist.scatter(
+                out, scatter_list, group=self._cpu_group, group_src=self._group_rank_of[src], async_op=True
+            )
         self._wait([work], None, "object scatter")
         return out.numpy()
 
@@ -790,6 +831,10 @@ def _new_group(world_ranks: tuple[int, ...], timeout: timedelta, backend: str | 
         return dist.new_group(list(world_ranks), timeout=timeout, backend=backend, use_local_synchronization=True)
     finally:
         c10d._process_group_name = derive_name
+
+
+def _divide(tensor: torch.Tensor, by: int) -> None:
+    tensor.div_(by)
 
 
 def restore_environ(saved: Mapping[str, str | None]) -> None:

@@ -4,6 +4,7 @@ surviving rank within a few seconds, and no process is left behind."""
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
 import time
 
@@ -236,9 +237,11 @@ def test_create_close_repeats_and_leaks_nothing() -> None:
         assert run_ranks(repeated_lifecycle, 2) == [True, True]
     assert threading.active_count() <= 2  # the main thread (and at most the fork server's reader)
     leftovers = [
-        d for d in set(os.listdir("/proc")) - children_before
-        if d.isdigit() and os.path.exists(f"/proc/{d}/cmdline")
-        and "communicator-rank" in open(f"/proc/{d}/cmdline", "rb").read().decode(errors="replace")
+        d
+        for d in set(os.listdir("/proc")) - children_before
+        if d.isdigit()
+        and os.path.exists(f"/proc/{d}/cmdline")
+        and "communicator-rank" in pathlib.Path(f"/proc/{d}/cmdline").read_bytes().decode(errors="replace")
     ]
     assert leftovers == []
 

@@ -50,7 +50,7 @@ def evaluate(comm: Communicator, samples: int) -> dict[str, Any]:
         return time.perf_counter()
 
     start = time.perf_counter()
-    settings = comm.broadcast_object({"samples": samples, "threshold": 0.5} if comm.is_main_process else None)
+    settings: dict[str, int] = comm.broadcast_object({"samples": samples} if comm.is_main_process else {})
     seed = comm.sync_random_seed(1234)
     weights, features, labels = _data(settings["samples"])
     start = stage("setup", start)
@@ -63,8 +63,12 @@ def evaluate(comm: Communicator, samples: int) -> dict[str, Any]:
     records = [
         {"index": index, "label": label, "prediction": predicted, "confidence": score, "embedding": embedding}
         for index, label, predicted, score, embedding in zip(
-            indices, labels[indices].tolist(), prediction.tolist(), confidence.tolist(),
-            logits.numpy().astype(np.float32), strict=True,
+            indices,
+            labels[indices].tolist(),
+            prediction.tolist(),
+            confidence.tolist(),
+            logits.numpy().astype(np.float32),
+            strict=True,
         )
     ]
     start = stage("inference", start)
@@ -75,7 +79,11 @@ def evaluate(comm: Communicator, samples: int) -> dict[str, Any]:
     own = records[: len(range(comm.rank, samples, comm.world_size))]  # the rest is the sampler's padding
     correct = sum(r["prediction"] == r["label"] for r in own)
     metrics = comm.all_reduce_dict(
-        {"correct": torch.tensor(correct), "seen": len(own), "confidence": torch.tensor(sum(r["confidence"] for r in own))}
+        {
+            "correct": torch.tensor(correct),
+            "seen": len(own),
+            "confidence": torch.tensor(sum(r["confidence"] for r in own)),
+        }
     )
     start = stage("all_reduce_dict", start)
 
@@ -86,7 +94,11 @@ def evaluate(comm: Communicator, samples: int) -> dict[str, Any]:
     return {
         "seed": seed,
         "records": collected,
-        "metrics": {"correct": int(metrics["correct"]), "seen": metrics["seen"], "confidence": float(metrics["confidence"])},
+        "metrics": {
+            "correct": int(metrics["correct"]),
+            "seen": metrics["seen"],
+            "confidence": float(metrics["confidence"]),
+        },
         "half": (half_id, half_seen),
         "timings": timings,
     }
@@ -110,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     checks = {
         "records in dataset order, none lost": _summary(ours) == _summary(reference),
         "embeddings identical": all(
-            np.array_equal(a["embedding"], b["embedding"]) for a, b in zip(ours["records"], reference["records"], strict=True)
+            np.array_equal(a["embedding"], b["embedding"])
+            for a, b in zip(ours["records"], reference["records"], strict=True)
         ),
         "accuracy equals single process": ours["metrics"]["correct"] == reference["metrics"]["correct"],
         "confidence sum within 1e-6": abs(ours["metrics"]["confidence"] - reference["metrics"]["confidence"])
@@ -123,8 +136,10 @@ def run(args: argparse.Namespace) -> int:
     for name, seconds in ours["timings"].items():
         print(f"{name:<{width}}  {seconds * 1000:8.1f} ms")
     print(f"\naccuracy {ours['metrics']['correct'] / args.samples:.4f} on {args.samples} samples")
-    print(f"wall time: {distributed_seconds:.2f} s on {args.world_size} ranks (start-up included), "
-          f"{single_seconds:.2f} s in one process\n")
+    print(
+        f"wall time: {distributed_seconds:.2f} s on {args.world_size} ranks (start-up included), "
+        f"{single_seconds:.2f} s in one process\n"
+    )
     check_width = max(len(name) for name in checks)
     for name, ok in checks.items():
         print(f"{name:<{check_width}}  {'ok' if ok else 'FAILED'}")

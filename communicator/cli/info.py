@@ -51,11 +51,20 @@ def explain(config: CommConfig) -> list[str]:
     lines.extend(f"  {line}" for line in describe_environment())
     lines.append(
         "backends available: "
-        + ", ".join(f"{name}={'yes' if ok else 'no'}" for name, ok in (
-            ("gloo", dist.is_gloo_available()), ("nccl", dist.is_nccl_available()), ("mpi", dist.is_mpi_available())))
+        + ", ".join(
+            f"{name}={'yes' if ok else 'no'}"
+            for name, ok in (
+                ("gloo", dist.is_gloo_available()),
+                ("nccl", dist.is_nccl_available()),
+                ("mpi", dist.is_mpi_available()),
+            )
+        )
     )
     devices = torch.cuda.device_count() if cuda else 0
-    lines.append(f"devices: cpu, {devices} CUDA device(s)" + (f" (visible: {os.environ.get('CUDA_VISIBLE_DEVICES')})" if devices else ""))
+    lines.append(
+        f"devices: cpu, {devices} CUDA device(s)"
+        + (f" (visible: {os.environ.get('CUDA_VISIBLE_DEVICES')})" if devices else "")
+    )
     lines.append(f"python {platform.python_version()}, torch {torch.__version__}, host {platform.node()}")
     return lines
 

@@ -4,7 +4,8 @@ In order: the ``group`` argument when it is a :class:`~communicator.base.Communi
 communicator of the innermost open ``with`` block (or the one :func:`communicator.dist.init_dist`
 opened); the default ``torch.distributed`` group, adopted once per default group; a
 :class:`~communicator.nondist.NonDistComm` when ``torch.distributed`` is not initialised. A torch
-``ProcessGroup`` argument selects the communicator over that group, built once and cached.
+``ProcessGroup`` argument selects the communicator over that group, built once per backing
+communicator and forgotten when that one closes.
 
 Rank queries never adopt the default group (adopting runs a collective, and a query may run on
 one rank only): without an open communicator, torch answers them.
@@ -13,7 +14,6 @@ one rank only): without an open communicator, torch answers them.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 import torch.distributed as dist
 
@@ -49,9 +49,7 @@ class _State:
     single: NonDistComm | None = None
     opened: Communicator | None = None
     local: Communicator | None = None
-    groups: weakref.WeakKeyDictionary[Communicator, dict[dist.ProcessGroup, TorchComm]] = dataclasses.field(
-        default_factory=weakref.WeakKeyDictionary
-    )
+    groups: dict[Communicator, dict[dist.ProcessGroup, TorchComm]] = dataclasses.field(default_factory=dict)
 
 
 _state = _State()
@@ -114,6 +112,8 @@ def comm_for(group: GroupLike) -> Communicator:
         raise TypeError(f"group must be a torch ProcessGroup, a Communicator or None, got {type(group).__name__}")
     if not isinstance(base, TorchComm):
         raise CommError(f"group= names a torch ProcessGroup, but the active communicator is a {type(base).__name__}")
+    for closed in [comm for comm in _state.groups if comm.closed]:
+        del _state.groups[closed]
     cached = _state.groups.setdefault(base, {})
     comm = cached.get(group)
     if comm is None or comm.closed:

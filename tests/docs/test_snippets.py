@@ -1,0 +1,111 @@
+"""Every Python code block of the documentation runs (see ``doc_snippets.py`` for how each is run)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from doc_snippets import ROOT, Snippet, all_snippets, pages, snippets, stray_python_fences
+
+SNIPPETS = [s for s in all_snippets() if not s.is_include]
+SCRIPT_TIMEOUT = 240
+
+# Launcher variables of an enclosing job must not leak into the snippets' own runs.
+_LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MV2_", "MPI_LOCAL", "TORCHELASTIC_", "COMMUNICATOR_")
+_LAUNCHER_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+                   "MASTER_ADDR", "MASTER_PORT"}
+
+
+def clean_env(extra_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in _LAUNCHER_NAMES and not k.startswith(_LAUNCHER_PREFIXES)}
+    env["PYTHONPATH"] = os.pathsep.join([str(extra_path), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def page_dir(snippet: Snippet, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A working directory for the snippet holding the ``file`` blocks of its page."""
+    directory = tmp_path_factory.mktemp(snippet.page.replace("/", "_").removesuffix(".md"))
+    for other in snippets(ROOT / "docs" / snippet.page):
+        for mode in other.modes:
+            if mode.startswith("file "):
+                (directory / mode.split(None, 1)[1]).write_text(other.code)
+    return directory
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_script(command: list[str], cwd: Path, what: str) -> None:
+    result = subprocess.run(command, cwd=cwd, env=clean_env(cwd), capture_output=True, text=True,
+                            timeout=SCRIPT_TIMEOUT, check=False)
+    if result.returncode != 0:
+        pytest.fail(f"{what} exited with {result.returncode}\n--- stdout ---\n{result.stdout[-4000:]}"
+                    f"\n--- stderr ---\n{result.stderr[-6000:]}")
+
+
+def run_mode(snippet: Snippet, mode: str, directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = directory / f"snippet_{snippet.line}.py"
+    if mode == "exec":
+        monkeypatch.chdir(directory)
+        monkeypatch.syspath_prepend(str(directory))
+        namespace = {"__name__": "__docs__", "__file__": str(script)}
+        exec(compile(snippet.code, snippet.id, "exec"), namespace)  # noqa: S102 - the docs' own code
+    elif mode == "python":
+        script.write_text(snippet.code)
+        run_script([sys.executable, script.name], directory, f"python {snippet.id}")
+    elif mode.startswith("torchrun "):
+        script.write_text(snippet.code)
+        nproc = mode.split()[1]
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", nproc,
+                   "--master-addr", "127.0.0.1", "--master-port", str(free_port()), script.name]
+        run_script(command, directory, f"torchrun {snippet.id}")
+    elif mode == "pytest":
+        test_file = directory / f"test_snippet_{snippet.line}.py"
+        test_file.write_text(snippet.code)
+        run_script([sys.executable, "-m", "pytest", "-q", "-p", "communicator.pytest_plugin", "-p", "no:cacheprovider",
+                    "--rootdir", str(directory), test_file.name], directory, f"pytest {snippet.id}")
+    elif mode.startswith("file "):
+        compile(snippet.code, snippet.id, "exec")  # written by page_dir; it must at least compile
+    else:
+        raise AssertionError(f"{snippet.id}: unknown test mode {mode!r}")
+
+
+@pytest.mark.timeout(SCRIPT_TIMEOUT * 2 + 60)
+@pytest.mark.parametrize("snippet", SNIPPETS, ids=[s.id for s in SNIPPETS])
+def test_snippet_runs(snippet: Snippet, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    if snippet.modes[0].startswith("skip"):
+        pytest.skip(f"{snippet.id}: {snippet.modes[0]}")
+    directory = page_dir(snippet, tmp_path_factory)
+    for mode in snippet.modes:
+        run_mode(snippet, mode, directory, monkeypatch)
+
+
+def test_every_page_has_its_blocks_found() -> None:
+    """No Python block hides from the extractor (indented, or spelt ```py / ```python3)."""
+    stray = {str(page.name): lines for page in pages() if (lines := stray_python_fences(page))}
+    assert not stray, f"Python fences the snippet tests would not run (use a top-level ```python): {stray}"
+
+
+def test_runnable_blocks_exist() -> None:
+    """The extractor works: the pages hold blocks of each kind."""
+    modes = {mode.split()[0] for s in SNIPPETS for mode in s.modes}
+    assert {"exec", "python", "torchrun", "pytest"} <= modes, modes
+    assert len(SNIPPETS) >= 20
+
+
+def test_included_examples_exist() -> None:
+    """Every ``--8<--`` include names a file that exists (mkdocs would fail too, but later)."""
+    for s in all_snippets():
+        if s.is_include:
+            path = s.code.strip().split(None, 1)[1].strip().strip('"')
+            assert (ROOT / path).is_file(), f"{s.id} includes {path}, which does not exist"
