@@ -134,6 +134,8 @@ class Communicator(abc.ABC):
 
     def close(self) -> None:
         """Release what this communicator created. Safe to call twice."""
+        if self in Communicator._active:
+            Communicator._active.remove(self)
         self._release(failed=False, error=None)
 
     def _release(self, failed: bool, error: BaseException | None) -> None:

@@ -15,7 +15,6 @@ __all__ = ["BACKENDS", "LAUNCHERS", "CommConfig", "ConfigLike", "Serializer"]
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
 LAUNCHERS = ("auto", "none", "pytorch", "slurm", "mpi", "openmpi", "mpich", "mvapich")
 SERIALIZERS = ("pickle", "safe")
-OBJECT_BACKENDS = ("gloo", "same")
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
 # Keys that other libraries use for the same setting (mmengine's `init_dist(port=...)`).
@@ -58,8 +57,6 @@ class CommConfig:
     serializer: str | Serializer = "pickle"
     #: Extra classes or module prefixes the ``"safe"`` serializer accepts (``"mypkg."``, ``"mypkg.Box"``).
     trusted: tuple[str, ...] = ()
-    #: Where object traffic goes under NCCL: ``"gloo"`` (a CPU companion group) or ``"same"``.
-    object_backend: str = "gloo"
     #: Compare every collective's fingerprint across ranks before running it.
     debug: bool = False
     #: A registered communicator class (see ``Communicator.register``); ``None`` lets ``create`` choose.
@@ -71,7 +68,6 @@ class CommConfig:
         set_ = object.__setattr__
         set_(self, "backend", _choice("backend", self.backend, BACKENDS))
         set_(self, "launcher", _choice("launcher", self.launcher, LAUNCHERS))
-        set_(self, "object_backend", _choice("object_backend", self.object_backend, OBJECT_BACKENDS))
         set_(self, "timeout", _timeout(self.timeout))
         set_(self, "master_port", _port(self.master_port))
         for name in ("init_method", "master_addr", "device", "type"):

@@ -10,7 +10,6 @@ import traceback
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import PrefixStore, Store
 
@@ -33,6 +32,8 @@ class FailureBoard:
     barriers that name the ranks which did not arrive.
     """
 
+    _made = 0  # boards made in this process: every rank counts the same way
+
     def __init__(self, store: Store, world_size: int, name: str) -> None:
         #: The namespace's path in the store; unique in the job.
         self.name = name
@@ -44,14 +45,14 @@ class FailureBoard:
 
     @classmethod
     def for_group(cls, comm: TorchComm) -> FailureBoard:
-        """A fresh namespace agreed by every rank of ``comm`` (rank 0 draws it, then broadcasts)."""
+        """A fresh namespace for a communicator over the default group, without communicating:
+        ranks create communicators in the same order (as torch requires of groups), so the
+        count of boards made so far in this process names the same namespace on every rank."""
         base = dist.distributed_c10d._get_default_store()
-        number = torch.zeros(1, dtype=torch.int64)
-        if comm.rank == 0:
-            number[0] = base.add(_BOARDS_KEY, 1)
-        dist.broadcast(number, group=comm._cpu_group, group_src=comm._group_rank_of[0])
-        name = f"board{int(number.item())}/"
-        return cls(PrefixStore(f"communicator/{name}", base), comm.world_size, name)
+        cls._made += 1
+        name = f"board{cls._made}/"
+        world = dist.distributed_c10d._get_default_group()
+        return cls(PrefixStore(f"communicator/{world.group_name}/{name}", base), comm.world_size, name)
 
     def next_child(self) -> int:
         """A number for the next batch of subgroups; every member asks in the same order, so numbers agree."""

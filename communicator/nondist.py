@@ -11,6 +11,7 @@ from typing_extensions import override
 
 from communicator.base import Communicator
 from communicator.config import CommConfig
+from communicator.guard import collective
 from communicator.handles import Handle
 from communicator.ops import ReduceOpLike, check_op_dtype, parse_op
 from communicator.results import check_arguments, merge_parts
@@ -107,47 +108,56 @@ class NonDistComm(Communicator):
         return [self._tensor(f"{name}[0]", tensors[0])]
 
     @override
+    @collective()
     def barrier(self, timeout: float | None = None) -> None:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"barrier timeout must be a positive number of seconds, got {timeout!r}")
 
     @override
+    @collective()
     def all_reduce(self, tensor: torch.Tensor, op: ReduceOpLike = "sum", async_op: bool = False) -> Any:
         check_op_dtype(parse_op(op), self._tensor("tensor", tensor).dtype)
         return self._result(tensor, async_op)
 
     @override
+    @collective()
     def all_gather(self, tensor: torch.Tensor, async_op: bool = False) -> Any:
         return self._result([self._tensor("tensor", tensor).clone()], async_op)
 
     @override
+    @collective()
     def gather(self, tensor: torch.Tensor, dst: int = 0, async_op: bool = False) -> Any:
         self._check_rank("dst", dst)
         return self._result([self._tensor("tensor", tensor).clone()], async_op)
 
     @override
+    @collective()
     def broadcast(self, tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Any:
         self._check_rank("src", src)
         return self._result(self._tensor("tensor", tensor), async_op)
 
     @override
+    @collective()
     def reduce(self, tensor: torch.Tensor, dst: int = 0, op: ReduceOpLike = "sum", async_op: bool = False) -> Any:
         self._check_rank("dst", dst)
         check_op_dtype(parse_op(op), self._tensor("tensor", tensor).dtype)
         return self._result(tensor, async_op)
 
     @override
+    @collective()
     def scatter(self, tensors: Sequence[torch.Tensor] | None, src: int = 0, async_op: bool = False) -> Any:
         self._check_rank("src", src)
         return self._result(self._tensors("scatter", tensors)[0].clone(), async_op)
 
     @override
+    @collective()
     def reduce_scatter(self, tensors: Sequence[torch.Tensor], op: ReduceOpLike = "sum", async_op: bool = False) -> Any:
         (tensor,) = self._tensors("reduce_scatter", tensors)
         check_op_dtype(parse_op(op), tensor.dtype)
         return self._result(tensor.clone(), async_op)
 
     @override
+    @collective()
     def all_to_all(self, tensors: Sequence[torch.Tensor], async_op: bool = False) -> Any:
         return self._result([t.clone() for t in self._tensors("all_to_all", tensors)], async_op)
 
@@ -156,20 +166,24 @@ class NonDistComm(Communicator):
         raise ValueError(f"{name}={peer} is this rank; a single process has no peer to talk to")
 
     @override
+    @collective()
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         self._no_peer("dst", dst)
 
     @override
+    @collective()
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
         self._no_peer("src", src)
         return tensor
 
     @override
+    @collective()
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle[None]:
         self._no_peer("dst", dst)
         return Handle.done(None)
 
     @override
+    @collective()
     def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Handle[torch.Tensor]:
         self._no_peer("src", src)
         return Handle.done(tensor)
@@ -177,6 +191,7 @@ class NonDistComm(Communicator):
     # -- groups: a world of one splits into itself ------------------------------------------------
 
     @override
+    @collective()
     def new_group(self, ranks: Sequence[int]) -> Communicator:
         if isinstance(ranks, (str, bytes)) or not isinstance(ranks, Sequence) or len(ranks) != 1:
             raise TypeError(f"ranks must be a non-empty sequence of ranks of this communicator, got {ranks!r}")
@@ -184,6 +199,7 @@ class NonDistComm(Communicator):
         return NonDistComm(self.config, reason="a subgroup of a single process")
 
     @override
+    @collective()
     def split(self, color: int | None, key: int | None = None) -> Communicator:
         for name, value in (("color", color), ("key", key)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
@@ -220,20 +236,24 @@ class NonDistComm(Communicator):
     # -- object methods: no serialisation -----------------------------------------------------
 
     @override
+    @collective()
     def all_gather_object(self, obj: T) -> list[T]:
         return [obj]
 
     @override
+    @collective()
     def gather_object(self, obj: T, dst: int = 0) -> list[T] | None:
         self._check_rank("dst", dst)
         return [obj]
 
     @override
+    @collective()
     def broadcast_object(self, obj: T, src: int = 0) -> T:
         self._check_rank("src", src)
         return obj
 
     @override
+    @collective()
     def broadcast_object_list(self, objects: list[Any], src: int = 0) -> list[Any]:
         if not isinstance(objects, list):
             raise TypeError(f"broadcast_object_list needs a list, got {type(objects).__name__}")
@@ -241,6 +261,7 @@ class NonDistComm(Communicator):
         return objects
 
     @override
+    @collective()
     def scatter_object(self, objects: Sequence[T] | None, src: int = 0) -> T:
         self._check_rank("src", src)
         if objects is None or isinstance(objects, (str, bytes)) or len(objects) != 1:
@@ -248,14 +269,17 @@ class NonDistComm(Communicator):
         return objects[0]
 
     @override
+    @collective()
     def send_object(self, obj: Any, dst: int) -> None:
         self._no_peer("dst", dst)
 
     @override
+    @collective()
     def recv_object(self, src: int) -> Any:
         self._no_peer("src", src)
 
     @override
+    @collective()
     def collect_results(
         self,
         results: Sequence[T],

@@ -16,7 +16,7 @@ from typing_extensions import override
 
 from communicator.base import Communicator
 from communicator.config import CommConfig
-from communicator.errors import CollectiveMismatchError, CommError, CommTimeoutError, PeerLostError
+from communicator.errors import CollectiveMismatchError, CommError, CommTimeoutError, NotMemberError, PeerLostError
 from communicator.failures import FailureBoard
 from communicator.guard import collective
 from communicator.handles import Handle
@@ -139,7 +139,7 @@ class TorchComm(Communicator):
         return torch.device("cpu")
 
     def _make_cpu_group(self) -> dist.ProcessGroup:
-        if self._backend == "gloo" or self.config.object_backend == "same":
+        if self._backend == "gloo":
             return self._group
         group: dist.ProcessGroup = dist.new_group(
             list(range(dist.get_world_size())), backend="gloo", timeout=self._timeout
@@ -326,6 +326,8 @@ class TorchComm(Communicator):
 
         if group is None or group is dist.group.WORLD:
             return self._root()
+        if group is dist.GroupMember.NON_GROUP_MEMBER:  # type: ignore[comparison-overlap]
+            raise NotMemberError(f"world rank {dist.get_rank()} is not a member of this torch group")
         if not isinstance(group, dist.ProcessGroup):
             raise TypeError(f"group must be a torch ProcessGroup, got {type(group).__name__}")
         world_ranks = dist.get_process_group_ranks(group)
@@ -353,7 +355,7 @@ class TorchComm(Communicator):
         if key not in self._groups:
             group = _new_group(world_ranks, self._timeout, None, name)
             cpu_group = group
-            if self._backend != "gloo" and self.config.object_backend == "gloo":
+            if self._backend != "gloo":
                 cpu_group = _new_group(world_ranks, self._timeout, "gloo", None if name is None else f"{name}cpu")
             self._groups[key] = (group, cpu_group)
         return self._groups[key]

@@ -105,7 +105,7 @@ def world_queries_and_collectives(comm: Communicator) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_every_function_on_the_default_group(world_size: int) -> None:
+def test_queries_and_collectives_on_the_default_group(world_size: int) -> None:
     results = run_ranks(world_queries_and_collectives, world_size)
     assert len({r["seed"] for r in results}) == 1
     assert len({r["seed_again"] for r in results}) == 1

@@ -13,8 +13,10 @@ values they must (all_reduce, all_gather_object, collect_results). After the blo
 variables must be exactly as before (under MPI and Slurm: absent before and after, present
 inside) and the default process group must be gone.
 
-Each rank prints ``OK rank=R world=W local_rank=L launcher=NAME`` and exits 0, or prints
-``FAIL rank=R ...: what differs`` and exits 1.
+Each rank prints ``OK rank=R world=W local_rank=L launcher=NAME``, or ``FAIL rank=R ...: what
+differs``. With ``--check`` the same processes then run ``communicator check`` (a second
+communicator in the same process, as a script that opens one after another does); rank 0 prints
+its table. The exit status is 0 when everything passed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch.distributed as dist  # noqa: E402
 from launcher_probe import OWN_VARIABLES, expected_layout, report  # noqa: E402
 
 from communicator import Communicator  # noqa: E402
+from communicator.cli import main as communicator_main  # noqa: E402
 
 #: The variables the communicator sets while its block is open, under every launcher.
 TORCHRUN_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -63,6 +66,7 @@ def collectives(comm: Communicator) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--launcher", required=True, choices=sorted(OWN_VARIABLES))
+    parser.add_argument("--check", action="store_true", help="then run `communicator check` in the same processes")
     args = parser.parse_args()
 
     expected = expected_layout(args.launcher)
@@ -93,9 +97,10 @@ def main() -> int:
         problems.append("the default process group is still initialised after the block")
     if problems:
         report(f"FAIL rank={rank} launcher={args.launcher}: " + "; ".join(problems))
-        return 1
-    report(f"OK rank={rank} world={world} local_rank={local_rank} launcher={args.launcher}")
-    return 0
+    else:
+        report(f"OK rank={rank} world={world} local_rank={local_rank} launcher={args.launcher}")
+    status = communicator_main(["check", "--timeout", "60"]) if args.check else 0
+    return 1 if problems or status else 0
 
 
 if __name__ == "__main__":

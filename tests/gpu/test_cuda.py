@@ -1,0 +1,58 @@
+"""CUDA and NCCL: one GPU, NCCL world size 1, CUDA tensors through every op, objects under NCCL.
+
+Skipped without CUDA; run them where a GPU is available (``pytest tests/gpu``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from communicator import Communicator
+from communicator.testing import run_ranks
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def every_op_on_cuda(comm: Communicator) -> dict[str, object]:
+    device = torch.device("cuda", 0)
+    assert comm.backend == "nccl" and comm.device == device
+    out: dict[str, object] = {}
+    t = torch.ones(4, device=device)
+    comm.all_reduce(t)
+    out["all_reduce"] = t.tolist()
+    cpu = torch.ones(2)  # a CPU tensor under NCCL goes to the device and back
+    comm.all_reduce(cpu, op="mean")
+    out["cpu_under_nccl"] = (cpu.device.type, cpu.tolist())
+    out["all_gather"] = [g.tolist() for g in comm.all_gather(torch.arange(3, device=device))]
+    out["gather"] = [g.tolist() for g in comm.gather(torch.arange(2, device=device), dst=0)]
+    b = torch.full((2,), 5.0, device=device)
+    comm.broadcast(b, src=0)
+    r = torch.ones(2, device=device)
+    comm.reduce(r, dst=0)
+    out["broadcast_reduce"] = (b.tolist(), r.tolist())
+    out["scatter"] = comm.scatter([torch.ones(2, device=device)], src=0).tolist()
+    out["reduce_scatter"] = comm.reduce_scatter([torch.ones(2, device=device)]).tolist()
+    out["all_to_all"] = [x.tolist() for x in comm.all_to_all([torch.ones(1, device=device)])]
+    obj = comm.all_gather_object({"t": torch.ones(2, device=device), "rank": comm.rank})
+    out["object_device"] = str(obj[0]["t"].device)
+    out["broadcast_object"] = comm.broadcast_object({"x": 1}, src=0)
+    out["dict"] = {k: float(v) for k, v in comm.all_reduce_dict({"a": torch.ones((), device=device)}).items()}
+    out["collect"] = comm.collect_results([1, 2], size=2)
+    out["seed_ok"] = isinstance(comm.sync_random_seed(), int)
+    with torch.inference_mode():
+        inside = torch.ones(1, device=device)
+        comm.all_reduce(inside)
+    comm.all_reduce(inside)
+    comm.barrier()
+    return out
+
+
+def test_nccl_world_size_one_every_op() -> None:
+    (result,) = run_ranks(every_op_on_cuda, 1, cfg={"backend": "nccl"}, timeout=120)
+    assert result["all_reduce"] == [1.0] * 4
+    assert result["cpu_under_nccl"] == ("cpu", [1.0, 1.0])
+    assert result["all_gather"] == [[0, 1, 2]] and result["gather"] == [[0, 1]]
+    assert result["broadcast_reduce"] == ([5.0, 5.0], [1.0, 1.0])
+    assert result["scatter"] == [1.0, 1.0] and result["reduce_scatter"] == [1.0, 1.0]
+    assert result["object_device"] == "cuda:0" and result["broadcast_object"] == {"x": 1}
+    assert result["dict"] == {"a": 1.0} and result["collect"] == [1, 2] and result["seed_ok"]

@@ -1,0 +1,178 @@
+"""Codecs: exact round trips, out-of-band buffers without copies, the safe allow-list."""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from communicator.serialization import (
+    PickleCodec,
+    SafeCodec,
+    UnsafePayloadError,
+    UserCodec,
+    make_codec,
+    pack_frame,
+    unpack_frame,
+)
+
+TORCH_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+]
+NUMPY_DTYPES = ["float32", "float64", "float16", "int64", "int32", "uint16", "bool", "complex128"]
+
+
+def round_trip(codec: object, obj: object) -> object:
+    frame = pack_frame(codec.encode(obj))  # type: ignore[attr-defined]
+    return codec.decode(*unpack_frame(frame.data))  # type: ignore[attr-defined]
+
+
+def same(a: object, b: object) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+    return bool(a == b)
+
+
+arrays = st.builds(
+    lambda dtype, shape, seed: np.random.default_rng(seed).integers(0, 100, size=shape).astype(dtype),
+    st.sampled_from(NUMPY_DTYPES),
+    st.lists(st.integers(0, 40), max_size=3).map(tuple),
+    st.integers(0, 9),
+)
+tensors = st.builds(
+    lambda dtype, shape, seed: (torch.randint(0, 100, shape, generator=torch.Generator().manual_seed(seed))).to(dtype),
+    st.sampled_from(TORCH_DTYPES),
+    st.lists(st.integers(0, 40), max_size=3).map(tuple),
+    st.integers(0, 9),
+)
+leaves = st.one_of(
+    st.none(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20), st.binary(max_size=20), arrays, tensors
+)
+values = st.recursive(
+    leaves,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=5), inner, max_size=4)),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(values)
+def test_pickle_and_safe_round_trip_anything_built_from_containers_arrays_and_tensors(value: object) -> None:
+    for codec in (PickleCodec(), SafeCodec()):
+        assert same(round_trip(codec, value), value)
+
+
+def test_large_buffers_travel_out_of_band_without_copies() -> None:
+    array = np.arange(1_000_000, dtype=np.float64)
+    tensor = torch.arange(500_000, dtype=torch.bfloat16)
+    pieces = PickleCodec().encode({"a": array, "t": tensor, "small": np.arange(3)})
+    assert len(pieces) == 3  # the stream, then the two large buffers
+    assert pieces[1].nbytes == array.nbytes and pieces[0].nbytes < 2000
+    frame = pack_frame(pieces)
+    out = PickleCodec().decode(*unpack_frame(frame.data))
+    # the received arrays are views of the frame: nothing was copied after the transfer
+    assert np.shares_memory(out["a"], frame) and out["t"].dtype == torch.bfloat16
+
+
+def test_non_contiguous_requires_grad_and_parameters() -> None:
+    base = torch.arange(12.0).reshape(3, 4)
+    value = {"view": base.t(), "grad": torch.ones(2, requires_grad=True), "param": torch.nn.Parameter(torch.ones(3))}
+    out = round_trip(PickleCodec(), value)
+    assert torch.equal(out["view"], base.t()) and out["grad"].requires_grad  # type: ignore[index]
+    assert isinstance(out["param"], torch.nn.Parameter)  # type: ignore[index]
+
+
+def test_safe_accepts_the_documented_types() -> None:
+    value = {
+        "od": collections.OrderedDict(a=1),
+        "dd": collections.defaultdict(list, a=[1]),
+        "dq": collections.deque([1]),
+        "ctr": collections.Counter("aab"),
+        "date": datetime.date(2024, 1, 2),
+        "td": datetime.timedelta(seconds=3),
+        "set": {1, 2},
+        "fs": frozenset({3}),
+        "cx": 1 + 2j,
+        "np_scalar": np.float32(1.5),
+        "dtype": np.dtype("int16"),
+        "tdtype": torch.float16,
+        "device": torch.device("cpu"),
+        "size": torch.Size([2, 3]),
+        "objects": np.array([1, "a"], dtype=object),
+    }
+    assert same(round_trip(SafeCodec(), value), value)
+
+
+class Box:
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Box) and other.v == self.v
+
+
+def test_safe_refuses_untrusted_classes_unless_trusted() -> None:
+    with pytest.raises(UnsafePayloadError, match=r"test_serialization\.Box"):
+        SafeCodec().encode(Box(1))
+    assert round_trip(SafeCodec(trusted=[f"{__name__}.Box"]), Box(2)) == Box(2)
+    assert round_trip(SafeCodec(trusted=[f"{__name__}."]), [Box(3)]) == [Box(3)]
+
+
+class Exploit:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("echo unsafe",))
+
+
+def test_safe_receiver_refuses_a_crafted_stream_without_running_it() -> None:
+    frame = pack_frame(PickleCodec().encode(Exploit()))  # a sender that skipped the checks
+    with pytest.raises(UnsafePayloadError, match="system"):
+        SafeCodec().decode(*unpack_frame(frame.data))
+    for hostile in (eval, exec, getattr, __import__):
+        with pytest.raises(UnsafePayloadError):
+            SafeCodec().encode(hostile)
+
+
+def test_user_codec() -> None:
+    class Json:
+        def dumps(self, obj: object) -> bytes:
+            return json.dumps(obj).encode()
+
+        def loads(self, data: bytes | memoryview) -> object:
+            return json.loads(bytes(data))
+
+    codec = make_codec(Json())
+    assert isinstance(codec, UserCodec) and round_trip(codec, {"a": [1, 2]}) == {"a": [1, 2]}
+    with pytest.raises(ValueError, match="unknown serializer"):
+        make_codec("yaml")
+
+
+def test_cuda_tensors_arrive_on_the_receivers_device_or_cpu() -> None:
+    from communicator.serialization import receive_device
+
+    frame = pack_frame(PickleCodec().encode(torch.ones(2)))
+    token = receive_device.set(None)
+    try:
+        assert PickleCodec().decode(*unpack_frame(frame.data)).device.type == "cpu"
+    finally:
+        receive_device.reset(token)

@@ -1,0 +1,91 @@
+"""communicator.launch and communicator.testing: results in rank order, failures with the failing
+rank and its traceback, hangs reported with every rank's stack, nothing left running."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from communicator import CommTimeoutError, Communicator, ConfigError, RemoteError, launch
+from communicator.testing import run_ranks, run_single
+
+
+def rank_and_args(comm: Communicator, base: int, extra: str) -> tuple[int, int, str]:
+    return comm.rank + base, comm.world_size, extra
+
+
+@pytest.mark.parametrize("nproc", [1, 2, 3, 4])
+def test_results_in_rank_order(nproc: int) -> None:
+    assert launch(rank_and_args, nproc, None, (10, "x")) == [(10 + r, nproc, "x") for r in range(nproc)]
+
+
+def raises_on_rank_one(comm: Communicator) -> int:
+    if comm.rank == 1:
+        raise ZeroDivisionError("rank one divided by zero")
+    comm.barrier()  # released through the failure board when rank 1 leaves
+    return comm.rank
+
+
+def test_a_failure_names_the_rank_and_keeps_its_traceback() -> None:
+    start = time.monotonic()
+    with pytest.raises(RemoteError) as caught:
+        launch(raises_on_rank_one, 3, timeout=60)
+    error = caught.value
+    assert error.rank == 1 and error.error_type == "ZeroDivisionError" and error.ranks == (1,)
+    assert "rank one divided by zero" in str(error)
+    assert "raises_on_rank_one" in "".join(getattr(error, "__notes__", []))
+    assert time.monotonic() - start < 20
+
+
+def exits_abruptly(comm: Communicator) -> None:
+    if comm.rank == 0:
+        os._exit(3)
+    comm.all_gather_object("waiting for rank 0")
+
+
+def test_a_dead_rank_is_reported_with_its_exit_code() -> None:
+    with pytest.raises(RemoteError) as caught:
+        launch(exits_abruptly, 2, timeout=60)
+    died = next(f for f in caught.value.failures if f.rank == 0)
+    assert died.error_type == "ProcessDied" and "exited with code 3" in died.message
+
+
+def hangs_on_rank_one(comm: Communicator) -> None:
+    if comm.rank == 1:
+        time.sleep(600)
+
+
+def test_a_hang_fails_in_seconds_with_every_ranks_stack() -> None:
+    start = time.monotonic()
+    with pytest.raises(CommTimeoutError) as caught:
+        launch(hangs_on_rank_one, 2, timeout=3)
+    assert time.monotonic() - start < 15
+    message = str(caught.value)
+    assert "--- rank 1 ---" in message and "hangs_on_rank_one" in message
+    assert caught.value.missing_ranks is not None and 1 in caught.value.missing_ranks
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ConfigError, match="nproc"):
+        launch(rank_and_args, 0)
+    with pytest.raises(ConfigError, match="launcher"):
+        launch(rank_and_args, 2, {"launcher": "slurm"})
+
+
+def env_per_rank(comm: Communicator) -> str:
+    return os.environ["ROLE"]
+
+
+def test_environment_per_rank() -> None:
+    assert run_ranks(env_per_rank, 2, env=lambda r: {"ROLE": f"r{r}"}) == ["r0", "r1"]
+
+
+def test_run_single_uses_a_nondist_comm() -> None:
+    assert run_single(lambda comm: (type(comm).__name__, comm.world_size)) == ("NonDistComm", 1)
+
+
+@pytest.mark.world_size(1, 3)
+def test_the_pytest_plugin_parametrizes_world_sizes(run, world_size: int) -> None:
+    assert run(rank_and_args, 0, "p") == [(r, world_size, "p") for r in range(world_size)]
