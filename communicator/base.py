@@ -803,6 +803,15 @@ class Communicator(abc.ABC):
                 self.barrier()
 
 
+def check_split_arguments(color: object, key: object) -> None:
+    """``split``'s argument checks, shared by every implementation."""
+    for name, value in (("color", color), ("key", key)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"split: {name} must be an int or None, got {type(value).__name__}")
+    if isinstance(color, int) and color < 0:
+        raise ValueError(f"split: color must be >= 0 (or None to join no group), got {color}")
+
+
 def _failure_of(rank: int, error: BaseException, where: str) -> RemoteFailure:
     import traceback
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from typing_extensions import override
 
-from communicator.base import Communicator
+from communicator.base import Communicator, check_split_arguments
 from communicator.config import CommConfig
 from communicator.guard import collective
 from communicator.handles import Handle
@@ -201,11 +201,7 @@ class NonDistComm(Communicator):
     @override
     @collective()
     def split(self, color: int | None, key: int | None = None) -> Communicator:
-        for name, value in (("color", color), ("key", key)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise TypeError(f"split: {name} must be an int or None, got {type(value).__name__}")
-        if color is not None and color < 0:
-            raise ValueError(f"split: color must be >= 0 (or None to join no group), got {color}")
+        check_split_arguments(color, key)
         return NonDistComm(self.config, reason="a split of a single process")
 
     @property

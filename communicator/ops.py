@@ -5,9 +5,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["REDUCE_OPS", "ReduceOpLike", "check_op_dtype", "parse_op"]
+__all__ = ["REDUCE_OPS", "WIRE_DTYPES", "ReduceOpLike", "check_op_dtype", "parse_op"]
 
 ReduceOpLike = str | dist.ReduceOp | dist.ReduceOp.RedOpType
+
+#: Dtypes the library moves as raw bytes (tensor metadata and tensors inside objects). The order is
+#: part of the wire format: a dtype's index is its code.
+WIRE_DTYPES: tuple[torch.dtype, ...] = (
+    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
+    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.uint16,
+    torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2,
+)  # fmt: skip
 
 REDUCE_OPS = ("sum", "mean", "product", "min", "max", "band", "bor", "bxor")
 _ALIASES = {"avg": "mean", "prod": "product"}

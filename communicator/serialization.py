@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from communicator.config import Serializer
+from communicator.ops import WIRE_DTYPES
 
 __all__ = [
     "Codec",
@@ -70,28 +71,7 @@ def _rebuild_tensor(data: Any, dtype: str, shape: tuple[int, ...], requires_grad
     return tensor
 
 
-_DTYPES: dict[str, torch.dtype] = {
-    str(dt): dt
-    for dt in (
-        torch.float64,
-        torch.float32,
-        torch.float16,
-        torch.bfloat16,
-        torch.complex64,
-        torch.complex128,
-        torch.int64,
-        torch.int32,
-        torch.int16,
-        torch.int8,
-        torch.uint8,
-        torch.bool,
-        torch.uint16,
-        torch.uint32,
-        torch.uint64,
-        torch.float8_e4m3fn,
-        torch.float8_e5m2,
-    )
-}
+_DTYPES: dict[str, torch.dtype] = {str(dt): dt for dt in WIRE_DTYPES}
 
 
 class _Pickler(pickle.Pickler):

@@ -14,13 +14,13 @@ import torch
 import torch.distributed as dist
 from typing_extensions import override
 
-from communicator.base import Communicator
+from communicator.base import Communicator, check_split_arguments
 from communicator.config import CommConfig
 from communicator.errors import CollectiveMismatchError, CommError, CommTimeoutError, NotMemberError, PeerLostError
 from communicator.failures import FailureBoard
 from communicator.guard import collective
 from communicator.handles import Handle
-from communicator.ops import ReduceOpLike, check_op_dtype, parse_op, torch_op
+from communicator.ops import WIRE_DTYPES, ReduceOpLike, check_op_dtype, parse_op, torch_op
 
 if TYPE_CHECKING:
     from communicator.subgroup import SubgroupComm
@@ -34,30 +34,7 @@ P2P_MIN_BYTES = 64 * 1024
 MAX_NDIM = 32
 # After a failure, how long world rank 0 keeps the rendezvous store up for peers still reading it.
 LINGER_SECONDS = 10.0
-_DTYPE_CODES = {
-    dt: i
-    for i, dt in enumerate(
-        (
-            torch.float32,
-            torch.float64,
-            torch.float16,
-            torch.bfloat16,
-            torch.complex64,
-            torch.complex128,
-            torch.int64,
-            torch.int32,
-            torch.int16,
-            torch.int8,
-            torch.uint8,
-            torch.bool,
-            torch.uint16,
-            torch.uint32,
-            torch.uint64,
-            torch.float8_e4m3fn,
-            torch.float8_e5m2,
-        )
-    )
-}
+_DTYPE_CODES = {dt: i for i, dt in enumerate(WIRE_DTYPES)}
 _CODE_DTYPES = {i: dt for dt, i in _DTYPE_CODES.items()}
 # torch 2.13 renamed all_gather_into_tensor; older releases only have the old name.
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -296,11 +273,7 @@ class TorchComm(Communicator):
     @override
     @collective()
     def split(self, color: int | None, key: int | None = None) -> SubgroupComm:
-        for name, value in (("color", color), ("key", key)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise TypeError(f"split: {name} must be an int or None, got {type(value).__name__}")
-        if color is not None and color < 0:
-            raise ValueError(f"split: color must be >= 0 (or None to join no group), got {color}")
+        check_split_arguments(color, key)
         pairs = self.all_gather_object((color, self.rank if key is None else key))
         colors = sorted({c for c, _ in pairs if c is not None})
         groups = [[r for _, r in sorted((k, r) for r, (c, k) in enumerate(pairs) if c == each)] for each in colors]
@@ -331,10 +304,16 @@ class TorchComm(Communicator):
         if not isinstance(group, dist.ProcessGroup):
             raise TypeError(f"group must be a torch ProcessGroup, got {type(group).__name__}")
         world_ranks = dist.get_process_group_ranks(group)
-        member = dist.get_rank() in world_ranks
         root = self._root()
-        board = root._board.child(len(world_ranks), f"torch-group-{group.group_name}/") if member else None
-        return SubgroupComm(root, world_ranks, group if member else None, group if member else None, board)
+        name = f"torch-group-{group.group_name}/"
+        cpu_group = group
+        if dist.get_backend(group) != "gloo":  # objects travel on a gloo companion, made by the members
+            key = (tuple(sorted(world_ranks)), False)
+            if key not in root._groups:
+                companion = _new_group(key[0], self._timeout, "gloo", f"communicator/{root._board.name}{name}cpu")
+                root._groups[key] = (group, companion)
+            cpu_group = root._groups[key][1]
+        return SubgroupComm(root, world_ranks, group, cpu_group, root._board.child(len(world_ranks), name))
 
     def _root(self) -> TorchComm:
         comm: TorchComm = self
