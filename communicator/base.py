@@ -95,7 +95,8 @@ class Communicator(abc.ABC):
     def register(cls, name: str) -> Callable[[type[CommT]], type[CommT]]:
         """Class decorator: ``Communicator.create({"type": name, ...})`` then builds the class.
 
-        The class is built with ``from_config(config)``, by default ``cls(config)``.
+        The class is built with ``from_config(config)``, by default ``cls(config)``. Registering a
+        name again replaces the earlier class.
         """
         if not isinstance(name, str) or not name:
             raise ConfigError(f"register() needs a non-empty name, got {name!r}")
@@ -144,6 +145,7 @@ class Communicator(abc.ABC):
 
     @property
     def closed(self) -> bool:
+        """Whether ``close()`` has run (then every collective raises ``CommError``)."""
         return self._closed
 
     def describe(self) -> str:
@@ -200,6 +202,36 @@ class Communicator(abc.ABC):
         """The device tensors use for communication."""
 
     @property
+    @abc.abstractmethod
+    def global_ranks(self) -> tuple[int, ...]:
+        """The world rank of each rank of this communicator, in this communicator's order."""
+
+    def to_global(self, rank: int) -> int:
+        """The world rank of this communicator's ``rank``.
+
+        Example::
+
+            # sub = comm.new_group([3, 1]) on 4 ranks
+            sub.to_global(0)                    # 3
+        """
+        return self.global_ranks[self._check_rank("rank", rank)]
+
+    def to_local(self, global_rank: int) -> int:
+        """This communicator's rank for world rank ``global_rank`` (``ValueError`` if not a member).
+
+        Example::
+
+            # sub = comm.new_group([3, 1]) on 4 ranks
+            sub.to_local(1)                     # 1
+        """
+        if global_rank not in self.global_ranks:
+            raise ValueError(
+                f"world rank {global_rank} is out of range: not a member of this communicator "
+                f"(world ranks {list(self.global_ranks)})"
+            )
+        return self.global_ranks.index(global_rank)
+
+    @property
     def is_distributed(self) -> bool:
         """Whether the communicator is backed by a ``torch.distributed`` group."""
         return True
@@ -219,6 +251,9 @@ class Communicator(abc.ABC):
     @abc.abstractmethod
     def barrier(self, timeout: float | None = None) -> None:
         """Wait until every rank arrives. ``timeout`` (seconds) overrides the communicator's.
+
+        With a ``timeout`` the barrier goes through the rendezvous store, so that every rank can
+        name the ranks that did not arrive.
 
         Raises:
             CommTimeoutError: naming the ranks that did not arrive, where the backend can tell.
@@ -698,6 +733,7 @@ class Communicator(abc.ABC):
         ``"contiguous"`` concatenates parts in rank order. ``None`` items are kept; the padding a
         sampler adds is dropped by ``size``; no shared filesystem is used and only ``dst`` receives.
         ``device`` is accepted for compatibility; results always travel on the object channel.
+        A ``size`` larger than the number of results held returns them all with a ``UserWarning``.
 
         Example::
 
@@ -739,6 +775,7 @@ class Communicator(abc.ABC):
 
         return wrapper
 
+    #: mmengine's name for :meth:`main_only`.
     master_only = main_only
 
     @contextlib.contextmanager

@@ -40,29 +40,31 @@ class CommConfig:
         29501
     """
 
-    #: ``"auto"`` picks ``nccl`` when CUDA is usable, else ``gloo``.
     backend: str = "auto"
-    #: ``"auto"`` detects torchrun, MPI or Slurm; ``"none"`` always gives a single process.
+    """``"auto"`` picks ``nccl`` when CUDA is usable, else ``gloo``."""
     launcher: str = "auto"
-    #: One timeout for every group the communicator creates (seconds or a ``timedelta``).
+    """``"auto"`` detects torchrun, MPI or Slurm; ``"none"`` always gives a single process."""
     timeout: timedelta = DEFAULT_TIMEOUT
-    #: A torch ``init_method`` URL (``tcp://``, ``file://``, ``env://``); default: tcp to the master.
+    """One timeout for every group the communicator creates (seconds or a ``timedelta``)."""
     init_method: str | None = None
+    """A torch ``init_method`` URL (``tcp://``, ``file://``, ``env://``); default: tcp to the master."""
     master_addr: str | None = None
+    """The rendezvous host; default: what the launcher says (``MASTER_ADDR``, the first Slurm host)."""
     master_port: int | None = None
-    #: The device tensors are moved to for communication (default: ``cuda:<local_rank>`` under NCCL, else CPU).
+    """The rendezvous port (mmengine's ``port`` is accepted); default: what the launcher says."""
     device: str | None = None
-    #: ``"pickle"`` (protocol 5, out-of-band buffers), ``"safe"`` (restricted unpickler) or an object
-    #: with ``dumps``/``loads``.
+    """The device tensors are moved to for communication (default: ``cuda:<local_rank>`` under NCCL, else CPU)."""
     serializer: str | Serializer = "pickle"
-    #: Extra classes or module prefixes the ``"safe"`` serializer accepts (``"mypkg."``, ``"mypkg.Box"``).
+    """``"pickle"`` (protocol 5, out-of-band buffers), ``"safe"`` (restricted unpickler), or an
+    object with ``dumps``/``loads``."""
     trusted: tuple[str, ...] = ()
-    #: Compare every collective's fingerprint across ranks before running it.
+    """Extra classes or module prefixes the ``"safe"`` serializer accepts (``"mypkg."``, ``"mypkg.Box"``)."""
     debug: bool = False
-    #: A registered communicator class (see ``Communicator.register``); ``None`` lets ``create`` choose.
+    """Compare every collective's fingerprint across ranks before running it."""
     type: str | None = None
-    #: Free-form settings for a registered custom communicator.
+    """A registered communicator class (see ``Communicator.register``); ``None`` lets ``create`` choose."""
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """Free-form settings for a registered custom communicator."""
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__

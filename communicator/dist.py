@@ -640,4 +640,3 @@ def collect_results_gpu(result_part: list[Any], size: int) -> list[Any] | None:
         None    # rank 1
     """
     return comm_for(None).collect_results(result_part, size, device="gpu")
-

@@ -82,6 +82,7 @@ class RemoteError(CommError):
 
     @property
     def ranks(self) -> tuple[int, ...]:
+        """The ranks that failed, in order."""
         return tuple(f.rank for f in self.failures)
 
     def remote_tracebacks(self) -> str:
@@ -90,7 +91,11 @@ class RemoteError(CommError):
 
 
 class CollectiveMismatchError(CommError):
-    """Debug mode: ranks called different collectives (or the same with different arguments).
+    """Ranks called different collectives, or the same one with arguments that must agree.
+
+    Raised on every rank: by debug mode (op, sequence number, arguments), and always where a
+    collective already exchanges what it needs to tell (``all_reduce_dict`` keys, ``new_group``
+    member lists, gathered tensors' dtypes and dimensions).
 
     ``sides`` maps each rank to the description of the call it made.
     """

@@ -40,10 +40,17 @@ def create(cfg: ConfigLike = None) -> Communicator:
     return _initialize(config, env)
 
 
-def resolve_backend(backend: str) -> str:
-    """``auto`` means nccl when CUDA is usable, else gloo; an unavailable backend is a ConfigError."""
+def resolve_backend(backend: str, local_size: int = 1) -> str:
+    """``auto`` means nccl when CUDA is usable with a GPU for each local rank, else gloo; an
+    unavailable backend, or nccl with fewer GPUs than local ranks, is a ConfigError."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "auto":
-        return "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+        return "nccl" if dist.is_nccl_available() and gpus >= local_size else "gloo"
+    if backend == "nccl" and 0 < gpus < local_size:
+        raise ConfigError(
+            f"backend='nccl' needs one GPU per local rank: {local_size} ranks on this node but {gpus} GPU(s) "
+            "visible; use backend='gloo' or fewer ranks per node"
+        )
     available = {
         "gloo": dist.is_gloo_available(),
         "nccl": dist.is_nccl_available() and torch.cuda.is_available(),
@@ -59,7 +66,7 @@ def resolve_backend(backend: str) -> str:
 
 def _initialize(config: CommConfig, env: LauncherEnv) -> TorchComm:
     """Start and own a process group from the launcher's variables."""
-    backend = resolve_backend(config.backend)
+    backend = resolve_backend(config.backend, env.local_size)
     if backend == "nccl":
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
     saved = {key: os.environ.get(key) for key in env.env_updates()}

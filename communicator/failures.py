@@ -7,7 +7,6 @@ import os
 import socket
 import time
 import traceback
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
@@ -21,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["FailureBoard"]
 
 _BOARDS_KEY = "communicator/boards"
-_POLL = timedelta(milliseconds=50)
+_POLL_SECONDS = 0.05
 
 
 class FailureBoard:
@@ -164,11 +163,10 @@ class FailureBoard:
         keys = [f"{prefix}{r}" for r in range(self._world_size)]
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                self._store.wait(keys, _POLL)
+            # check() and a sleep, not wait(): a timed-out wait() logs a warning in c10d every time
+            if self._store.check(keys):
                 return
-            except dist.DistStoreError:
-                pass
+            time.sleep(_POLL_SECONDS)
             self.raise_if_failed(comm, "barrier")
             self.raise_if_peer_died(comm, "barrier")
             if time.monotonic() > deadline:

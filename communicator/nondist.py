@@ -81,14 +81,9 @@ class NonDistComm(Communicator):
         return False
 
     @property
+    @override
     def global_ranks(self) -> tuple[int, ...]:
         return (0,)
-
-    def to_global(self, rank: int) -> int:
-        return self._check_rank("rank", rank)
-
-    def to_local(self, global_rank: int) -> int:
-        return self._check_rank("global_rank", global_rank)
 
     # -- tensor collectives: the identity, after the same checks --------------------------
 

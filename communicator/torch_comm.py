@@ -232,21 +232,9 @@ class TorchComm(Communicator):
         return self._group
 
     @property
+    @override
     def global_ranks(self) -> tuple[int, ...]:
-        """The world rank of each rank of this communicator, in this communicator's order."""
         return self._global_ranks
-
-    def to_global(self, rank: int) -> int:
-        """The world rank of this communicator's ``rank``."""
-        return self._global_ranks[self._check_rank("rank", rank)]
-
-    def to_local(self, global_rank: int) -> int:
-        """This communicator's rank for world rank ``global_rank``."""
-        if global_rank not in self._global_ranks:
-            raise ValueError(
-                f"world rank {global_rank} is not a member of this communicator {list(self._global_ranks)}"
-            )
-        return self._global_ranks.index(global_rank)
 
     # -- subgroups ------------------------------------------------------------------------------
 
@@ -382,7 +370,9 @@ class TorchComm(Communicator):
                     work.wait(poll)
                     break
                 except RuntimeError as error:
-                    if "timed out" not in str(error) or work.is_completed():
+                    # The poll slice ran out ("Operation timed out!"): look around, then wait again.
+                    # Any other error is the operation's own; a finished work returns at once next time.
+                    if "Operation timed out" not in str(error):
                         raise self._abandon(self._translated(error, what), what) from error
                 try:
                     self._board.raise_if_failed(self, what)

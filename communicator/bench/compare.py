@@ -16,11 +16,7 @@ def same_objects(expected: Any, actual: Any) -> bool:
     if isinstance(expected, torch.Tensor):
         return isinstance(actual, torch.Tensor) and expected.dtype == actual.dtype and torch.equal(expected, actual)
     if isinstance(expected, np.ndarray):
-        return (
-            isinstance(actual, np.ndarray)
-            and expected.dtype == actual.dtype
-            and np.array_equal(expected, actual)
-        )
+        return isinstance(actual, np.ndarray) and expected.dtype == actual.dtype and np.array_equal(expected, actual)
     if isinstance(expected, Mapping):
         return (
             isinstance(actual, Mapping)

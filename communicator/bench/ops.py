@@ -21,7 +21,15 @@ from communicator.base import Communicator
 from communicator.bench.compare import same_objects, same_reductions
 
 __all__ = [
-    "IMPLS", "MMENGINE", "MMENGINE_GPU", "OURS", "OURS_SAFE", "TORCH", "Context", "Op", "build_ops",
+    "IMPLS",
+    "MMENGINE",
+    "MMENGINE_GPU",
+    "OURS",
+    "OURS_SAFE",
+    "TORCH",
+    "Context",
+    "Op",
+    "build_ops",
     "load_mmengine",
 ]
 
@@ -147,7 +155,7 @@ def _mmengine_impls(mm: ModuleType) -> dict[str, dict[str, Impl]]:
     }
 
 
-# -- the table -------------------------------------------------------------------------------
+# -- every op by name ---------------------------------------------------------------------------
 
 
 def _as_is(payload: Any, lengths: Sequence[int]) -> Any:

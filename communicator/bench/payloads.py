@@ -40,8 +40,7 @@ def eval_records(rank: int, count: int) -> list[dict[str, Any]]:
     scores = rng.uniform(0, 1, size=count).round(4).tolist()
     labels = rng.integers(0, 80, size=count).tolist()
     return [
-        {"image_id": rank * count + i, "bbox": boxes[i], "score": scores[i], "label": labels[i]}
-        for i in range(count)
+        {"image_id": rank * count + i, "bbox": boxes[i], "score": scores[i], "label": labels[i]} for i in range(count)
     ]
 
 

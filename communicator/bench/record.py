@@ -78,7 +78,6 @@ def to_json(plan: Plan, runs: Sequence[CaseRun], quick: bool) -> dict[str, Any]:
         "all_correct": all_correct(runs),
         "cases": {run.case: _case_record(run) for run in runs},
         "targets": [
-            {"case": o.target.case, "target": o.target.label, "ratio": o.ratio, "met": o.met}
-            for o in evaluate(runs)
+            {"case": o.target.case, "target": o.target.label, "ratio": o.ratio, "met": o.met} for o in evaluate(runs)
         ],
     }

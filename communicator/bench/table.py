@@ -66,9 +66,7 @@ def format_table(runs: Sequence[CaseRun]) -> str:
 def format_errors(runs: Sequence[CaseRun]) -> str:
     """The calls that failed, and why (empty when none did)."""
     return "\n".join(
-        f"n/a: {run.case} {op} ({impl}): {reason}"
-        for run in runs
-        for (op, impl), reason in run.timings.errors.items()
+        f"n/a: {run.case} {op} ({impl}): {reason}" for run in runs for (op, impl), reason in run.timings.errors.items()
     )
 
 

@@ -14,8 +14,9 @@ when any rank failed, ``skip`` when the op does not apply (point-to-point in a w
 Every rank exits with the same status: 0 when nothing failed anywhere, 1 otherwise.
 
 A failing check does not stop the others. If the communicator itself breaks (another rank failed,
-a peer was lost, an op timed out), the run stops: each rank reports what it ran, then leaves its
-``with`` block with the error, which releases the other ranks promptly.
+a peer was lost, an op timed out), the run stops: each rank says where it stopped (rank 0 also
+prints its table so far) and leaves its ``with`` block with :class:`Aborted`, which releases the
+other ranks promptly; every rank exits with status 1.
 
 Other code can run its own table of checks::
 
@@ -37,7 +38,7 @@ import itertools
 import random
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -62,6 +63,7 @@ __all__ = [
     "render",
     "run",
     "run_checks",
+    "run_local",
 ]
 
 #: Elements per tensor for each size. Objects carry as many array items, so ``small`` objects
@@ -137,12 +139,24 @@ def _bits(rank: int, n: int) -> torch.Tensor:
 
 
 _REDUCE_INPUT: dict[str, Callable[[int, int], torch.Tensor]] = {
-    "sum": _ramp, "mean": _ramp, "product": _factors, "min": _ramp, "max": _ramp,
-    "band": _bits, "bor": _bits, "bxor": _bits,
+    "sum": _ramp,
+    "mean": _ramp,
+    "product": _factors,
+    "min": _ramp,
+    "max": _ramp,
+    "band": _bits,
+    "bor": _bits,
+    "bxor": _bits,
 }
 _COMBINE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "sum": torch.add, "mean": torch.add, "product": torch.mul, "min": torch.minimum, "max": torch.maximum,
-    "band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor,
+    "sum": torch.add,
+    "mean": torch.add,
+    "product": torch.mul,
+    "min": torch.minimum,
+    "max": torch.maximum,
+    "band": torch.bitwise_and,
+    "bor": torch.bitwise_or,
+    "bxor": torch.bitwise_xor,
 }
 
 
@@ -211,8 +225,11 @@ def _same(got: object, want: object) -> bool:
     if isinstance(want, dict):
         return isinstance(got, dict) and got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
     if isinstance(want, (list, tuple)):
-        return (type(got) is type(want) and len(got) == len(want)
-                and all(_same(a, b) for a, b in zip(got, want, strict=True)))
+        return (
+            type(got) is type(want)
+            and len(got) == len(want)
+            and all(_same(a, b) for a, b in zip(got, want, strict=True))
+        )
     return type(got) is type(want) and got == want
 
 
@@ -429,7 +446,8 @@ def _all_reduce_dict(op: str, comm: Communicator, n: int) -> None:
         "score": 0.5 * ranks / world if mean else 0.5 * ranks,
         "nested": {
             "vector": _reduced(op, functools.partial(_ramp, n=n), world),
-            "ints": (_reduced("sum", functools.partial(_ints, n=n), world).double() / world) if mean
+            "ints": (_reduced("sum", functools.partial(_ints, n=n), world).double() / world)
+            if mean
             else _reduced("sum", functools.partial(_ints, n=n), world),
         },
     }
@@ -437,11 +455,12 @@ def _all_reduce_dict(op: str, comm: Communicator, n: int) -> None:
     for key in ("loss", "hits"):
         _expect_tensor(got[key], want[key], f"all_reduce_dict(op={op!r})[{key!r}]")
     for key in ("count", "score"):
-        _expect(type(got[key]) is type(want[key]) and abs(got[key] - want[key]) <= 1e-9 * max(1.0, abs(want[key])),
-                f"all_reduce_dict(op={op!r})[{key!r}]: got {got[key]!r}, expected {want[key]!r}")
+        _expect(
+            type(got[key]) is type(want[key]) and abs(got[key] - want[key]) <= 1e-9 * max(1.0, abs(want[key])),
+            f"all_reduce_dict(op={op!r})[{key!r}]: got {got[key]!r}, expected {want[key]!r}",
+        )
     for key in ("vector", "ints"):
         _expect_tensor(got["nested"][key], want["nested"][key], f"all_reduce_dict(op={op!r})['nested'][{key!r}]")
-
 
 
 def _all_reduce_dict_numpy(comm: Communicator, n: int) -> None:
@@ -457,8 +476,11 @@ def _all_reduce_dict_numpy(comm: Communicator, n: int) -> None:
         got = comm.all_reduce_dict(mine, op=op)
         for key, value in want.items():
             mine_value: Any = got.get(key)
-            same = (type(mine_value) is type(value) and np.shape(mine_value) == np.shape(value)
-                    and bool(np.allclose(mine_value, value, rtol=1e-6)))
+            same = (
+                type(mine_value) is type(value)
+                and np.shape(mine_value) == np.shape(value)
+                and bool(np.allclose(mine_value, value, rtol=1e-6))
+            )
             _expect(same, f"all_reduce_dict(op={op!r})[{key!r}]: got {mine_value!r}, expected {value!r}")
 
 
@@ -496,14 +518,16 @@ def _sync_random_seed(comm: Communicator, n: int) -> None:
     seeds = comm.all_gather_object(drawn)
     _expect(len(set(seeds)) == 1, f"sync_random_seed() gave different seeds on different ranks: {seeds}")
     _expect(given == 1234, f"sync_random_seed(1234 + rank) gave {given}, expected rank 0's 1234")
-    same = (before[0] == after[0] and _same(list(after[1]), list(before[1])) and torch.equal(before[2], after[2]))
+    same = before[0] == after[0] and _same(list(after[1]), list(before[1])) and torch.equal(before[2], after[2])
     _expect(same, "sync_random_seed changed the global Python, NumPy or torch RNG state")
 
 
 def _expect_group(group: Communicator, members: Sequence[int], comm: Communicator, n: int, what: str) -> None:
     """``group`` holds ``members`` (ranks of ``comm``) in that order; its collectives work."""
-    _expect((group.rank, group.world_size) == (members.index(comm.rank), len(members)),
-            f"{what}: rank {group.rank} of {group.world_size}, expected {members.index(comm.rank)} of {len(members)}")
+    _expect(
+        (group.rank, group.world_size) == (members.index(comm.rank), len(members)),
+        f"{what}: rank {group.rank} of {group.world_size}, expected {members.index(comm.rank)} of {len(members)}",
+    )
     _expect_same(group.all_gather_object(comm.rank), list(members), f"{what}.all_gather_object(parent rank)")
     total = group.all_reduce(torch.full((n,), float(comm.rank)))
     _expect_tensor(total, torch.full((n,), float(sum(members))), f"{what}.all_reduce")
@@ -536,9 +560,11 @@ def _new_group(comm: Communicator, n: int) -> None:
 
 def _local_comm(comm: Communicator, n: int) -> None:
     local = comm.local_comm
-    _expect((local.rank, local.world_size) == (comm.local_rank, comm.local_size),
-            f"local_comm: rank {local.rank} of {local.world_size}, "
-            f"expected the local rank {comm.local_rank} of {comm.local_size}")
+    _expect(
+        (local.rank, local.world_size) == (comm.local_rank, comm.local_size),
+        f"local_comm: rank {local.rank} of {local.world_size}, "
+        f"expected the local rank {comm.local_rank} of {comm.local_size}",
+    )
     nodes = local.all_gather_object(comm.node_rank)
     _expect(nodes == [comm.node_rank] * local.world_size, f"local_comm holds ranks of nodes {nodes}")
 
@@ -599,7 +625,8 @@ def run_checks(
     pair one rank's next collective with another's previous one.
 
     Raises:
-        Aborted: the communicator broke (``RemoteError``, ``PeerLostError``, ``CommTimeoutError``).
+        Aborted: the communicator broke: a check raised ``RemoteError``, ``PeerLostError`` or
+            ``CommTimeoutError``, or the barrier after a check failed.
     """
     unknown = [size for size in sizes if size not in SIZES]
     if unknown:
@@ -622,27 +649,35 @@ def run_checks(
             outcomes.append(Outcome(check.name, size, status, time.perf_counter() - start, message))
             try:
                 comm.barrier(timeout=limit)
-            except FATAL as error:
+            except Exception as error:  # ranks that cannot meet cannot go on
                 raise Aborted(outcomes, error) from error
     return outcomes
 
 
-def _merge(per_rank: Sequence[Sequence[Outcome]]) -> list[tuple[str, str, str, float, str]]:
+def _ranks_text(ranks: Sequence[int], world: int) -> str:
+    if len(ranks) == world:
+        return "every rank"
+    return ("ranks " if len(ranks) > 1 else "rank ") + ", ".join(map(str, ranks))
+
+
+def _merge(per_rank: Mapping[int, Sequence[Outcome]], world: int) -> list[tuple[str, str, str, float, str]]:
     """One row per (op, size): FAIL if any rank failed, skip if every rank skipped, the slowest time."""
+    ranks = list(per_rank)
     rows = []
-    for column in itertools.zip_longest(*per_rank):
-        ran = [(rank, outcome) for rank, outcome in enumerate(column) if outcome is not None]
+    for column in itertools.zip_longest(*per_rank.values()):
+        ran = [(rank, outcome) for rank, outcome in zip(ranks, column, strict=True) if outcome is not None]
         first = ran[0][1]
         failed = [(rank, o.error) for rank, o in ran if o.status == "FAIL"]
         if failed:
             status = "FAIL"
             same = [rank for rank, error in failed if error == failed[0][1]]
-            ranks = "every rank" if len(same) == len(per_rank) else f"rank{'s' if len(same) > 1 else ''} " + ", ".join(
-                map(str, same))
             others = len(failed) - len(same)
-            error = f"{ranks}: {failed[0][1]}" + (f" (and {others} other rank(s) with other errors)" if others else "")
-        elif len(ran) < len(per_rank):
-            status, error = "not run", f"ranks {[r for r, o in enumerate(column) if o is None]} did not run it"
+            error = f"{_ranks_text(same, world)}: {failed[0][1]}" + (
+                f" (and {others} other rank(s) with other errors)" if others else ""
+            )
+        elif len(ran) < len(ranks):
+            missing = [rank for rank, outcome in zip(ranks, column, strict=True) if outcome is None]
+            status, error = "not run", f"{_ranks_text(missing, world)} did not run it"
         elif all(o.status == "skip" for _, o in ran):
             status, error = "skip", first.error
         else:
@@ -652,13 +687,17 @@ def _merge(per_rank: Sequence[Sequence[Outcome]]) -> list[tuple[str, str, str, f
 
 
 def render(
-    comm: Communicator, per_rank: Sequence[Sequence[Outcome]], sizes: Sequence[str], seconds: float
+    comm: Communicator, per_rank: Mapping[int, Sequence[Outcome]], sizes: Sequence[str], seconds: float
 ) -> tuple[list[str], int]:
-    """The report rank 0 prints (a header from ``describe()``, one row per op and size, a summary)
-    and the exit status: 1 when any rank failed or missed a check, else 0."""
-    rows = _merge(per_rank)
+    """The report rank 0 prints and the exit status (1 when any rank failed or missed a check, else 0).
+
+    ``per_rank`` maps ranks to their outcomes: every rank's after a run, only this rank's after
+    the run stopped. The report is a header from ``describe()``, one row per op and size, a summary.
+    """
+    rows = _merge(per_rank, comm.world_size)
     width = max([len("op"), *(len(row[0]) for row in rows)])
     size_names = ", ".join(f"{size} ({SIZES[size]} elements)" for size in sizes)
+    whose = "" if len(per_rank) == comm.world_size else f" (as seen by {_ranks_text(list(per_rank), comm.world_size)})"
     lines = [
         f"communicator check: {comm.world_size} rank(s), sizes {size_names}",
         *comm.describe().splitlines(),
@@ -672,7 +711,7 @@ def render(
     lines.append(
         f"{counts['pass']} passed, {counts['FAIL']} failed, {counts['skip']} skipped"
         + (f", {counts['not run']} not run" if counts["not run"] else "")
-        + f" on {comm.world_size} rank(s) in {seconds:.2f} s (ms: the slowest rank)"
+        + f" on {comm.world_size} rank(s){whose} in {seconds:.2f} s (ms: the slowest rank)"
     )
     status = 1 if counts["FAIL"] or counts["not run"] else 0
     lines.append("check passed" if status == 0 else "check FAILED")
@@ -692,24 +731,27 @@ def check_job(
     """Run the checks on every rank, ``emit`` the report on rank 0; the exit status, the same on every rank.
 
     Raises:
-        The error that broke the communicator, after ``emit``-ting what this rank ran; leaving
-        the ``with`` block with it releases the other ranks.
+        Aborted: the communicator broke (its ``error`` says how), after this rank ``emit``-ted
+            where it stopped (rank 0: its table so far). Leaving the ``with`` block with it
+            releases the other ranks.
     """
     start = time.perf_counter()
     try:
         outcomes = run_checks(comm, checks, sizes)
     except Aborted as aborted:
         if comm.rank == 0:
-            lines, _ = render(comm, [aborted.outcomes], sizes, time.perf_counter() - start)
+            lines, _ = render(comm, {0: aborted.outcomes}, sizes, time.perf_counter() - start)
             for line in lines[:-1]:
                 emit(line)
-        emit(f"check STOPPED on rank {comm.rank}: the communicator broke: {aborted}")
-        raise aborted.error from None
+        last = aborted.outcomes[-1] if aborted.outcomes else None
+        where = "" if last is None else f" {'at' if last.status == 'FAIL' else 'after'} {last.op} ({last.size})"
+        emit(f"check STOPPED on rank {comm.rank}{where}: the communicator broke: {aborted}")
+        raise
     records = [tuple(outcome) for outcome in outcomes]  # plain tuples: any serializer carries them
     everyone = comm.gather_object(records, dst=0)
     status = 0
     if everyone is not None:
-        per_rank = [[Outcome._make(record) for record in rank_records] for rank_records in everyone]
+        per_rank = {rank: [Outcome._make(record) for record in records] for rank, records in enumerate(everyone)}
         lines, status = render(comm, per_rank, sizes, time.perf_counter() - start)
         for line in lines:
             emit(line)
@@ -721,15 +763,28 @@ def check_job(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
-                        help=f"comma-separated sizes to check, of {', '.join(f'{k}={v}' for k, v in SIZES.items())} "
-                             "elements (default: %(default)s)")
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds any one op may take: the communicator's timeout (default: %(default)s)")
-    parser.add_argument("--local", type=int, default=None, metavar="N",
-                        help="start N local gloo ranks instead of joining a launcher's job")
-    parser.add_argument("--ops", default=None,
-                        help="comma-separated parts of op names: check only the ops whose name contains one")
+    parser.add_argument(
+        "--sizes",
+        default=",".join(DEFAULT_SIZES),
+        help=f"comma-separated sizes to check, of {', '.join(f'{k}={v}' for k, v in SIZES.items())} "
+        "elements (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds any one op may take: the communicator's timeout (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--local",
+        type=int,
+        default=None,
+        metavar="N",
+        help="start N local gloo ranks instead of joining a launcher's job",
+    )
+    parser.add_argument(
+        "--ops", default=None, help="comma-separated parts of op names: check only the ops whose name contains one"
+    )
 
 
 def _select(ops: str | None) -> list[Check]:
@@ -748,12 +803,17 @@ def _local_rank_job(comm: Communicator, checks: Sequence[Check], sizes: Sequence
     return status, lines
 
 
-def _run_local(nproc: int, checks: Sequence[Check], sizes: Sequence[str], timeout: float) -> int:
+def run_local(
+    nproc: int, checks: Sequence[Check] = CHECKS, sizes: Sequence[str] = DEFAULT_SIZES, timeout: float = 60.0
+) -> int:
+    """``check --local N``: start ``nproc`` local gloo ranks, run ``checks`` on them, print rank 0's
+    report; the exit status. ``timeout`` bounds each op; the ranks are stopped after ``60 + 3 * timeout`` s."""
     from communicator.spawn import launch
 
     try:
-        results = launch(_local_rank_job, nproc, {"backend": "gloo", "timeout": timeout}, (checks, sizes),
-                         timeout=60 + 3 * timeout)
+        results = launch(
+            _local_rank_job, nproc, {"backend": "gloo", "timeout": timeout}, (checks, sizes), timeout=60 + 3 * timeout
+        )
     except CommError as error:
         print(f"communicator check: the local ranks failed: {error}", file=sys.stderr, flush=True)
         return 1
@@ -777,10 +837,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.local is not None:
-        return _run_local(args.local, checks, sizes, args.timeout)
+        return run_local(args.local, checks, sizes, args.timeout)
     try:
         with Communicator.create(config) as comm:
             return check_job(comm, checks, sizes)
+    except Aborted:
+        return 1  # already reported
     except Exception as error:  # noqa: BLE001 - a broken job is reported, not a traceback
         print(f"communicator check: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
         return 1

@@ -45,8 +45,10 @@ class LoggingComm(TorchComm):
             return cls.adopt(config, reason="LoggingComm adopting the initialised default group")
         backend = "gloo" if config.backend == "auto" else config.backend
         dist.init_process_group(backend, init_method=config.init_method or "env://", timeout=config.timeout)
-        topology = Topology(local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())),
-                            local_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())))
+        topology = Topology(
+            local_rank=int(os.environ.get("LOCAL_RANK", dist.get_rank())),
+            local_size=int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size())),
+        )
         return cls(config, owner=True, topology=topology, reason=f"LoggingComm started {backend} from env://")
 
     @contextlib.contextmanager

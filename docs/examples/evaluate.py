@@ -45,8 +45,12 @@ def score(weights: torch.Tensor, features: torch.Tensor, labels: torch.Tensor, i
         return None
     probabilities = torch.softmax(x @ weights, dim=0)
     prediction = int(probabilities.argmax())
-    return {"index": index, "prediction": prediction, "correct": prediction == int(labels[index]),
-            "confidence": float(probabilities[prediction])}
+    return {
+        "index": index,
+        "prediction": prediction,
+        "correct": prediction == int(labels[index]),
+        "confidence": float(probabilities[prediction]),
+    }
 
 
 def shard(comm: Communicator, order: str) -> list[int]:
@@ -79,13 +83,16 @@ def main(world_size: int = 3) -> dict[str, float]:
         distributed = launch(evaluate, world_size, args=(order,))[0]
         assert distributed is not None
         assert len(distributed["results"]) == SAMPLES
-        assert [r["index"] for r in distributed["results"] if r is not None] == \
-            [i for i, r in enumerate(reference["results"]) if r is not None], "not in dataset order"
+        assert [r["index"] for r in distributed["results"] if r is not None] == [
+            i for i, r in enumerate(reference["results"]) if r is not None
+        ], "not in dataset order"
         assert distributed["results"] == reference["results"], "results differ from one process"
         assert distributed["accuracy"] == reference["accuracy"]
         missing = sum(r is None for r in distributed["results"])
-        print(f"{order:>10}: {SAMPLES} results in dataset order ({missing} None kept), "
-              f"accuracy {distributed['accuracy']:.4f} == single process {reference['accuracy']:.4f}")
+        print(
+            f"{order:>10}: {SAMPLES} results in dataset order ({missing} None kept), "
+            f"accuracy {distributed['accuracy']:.4f} == single process {reference['accuracy']:.4f}"
+        )
         outcome[order] = distributed["accuracy"]
     return outcome
 

@@ -46,7 +46,12 @@ def reference() -> dict[str, torch.Tensor]:
     z = torch.relu(x @ w1) @ w2  # (ROWS, BATCH, OUT)
     loss = ((z - y) ** 2).mean()
     loss.backward()
-    return {"z": z.detach(), "loss": loss.detach(), "w1": (w1 - LR * w1.grad).detach(), "w2": (w2 - LR * w2.grad).detach()}
+    return {
+        "z": z.detach(),
+        "loss": loss.detach(),
+        "w1": (w1 - LR * w1.grad).detach(),
+        "w2": (w2 - LR * w2.grad).detach(),
+    }
 
 
 def step(comm: Communicator) -> dict[str, object]:
@@ -79,16 +84,25 @@ def step(comm: Communicator) -> dict[str, object]:
         "w1 shard": torch.allclose(w1_shard.detach(), expected["w1"][:, columns]),
         "w2 shard": torch.allclose(w2_shard.detach(), expected["w2"][columns, :]),
     }
-    return {"rank": comm.rank, "row": row.global_ranks, "col": col.global_ranks,
-            "batch": batch, "shard": shard, "loss": mean_loss.item(), "checks": checks}
+    return {
+        "rank": comm.rank,
+        "row": row.global_ranks,
+        "col": col.global_ranks,
+        "batch": batch,
+        "shard": shard,
+        "loss": mean_loss.item(),
+        "checks": checks,
+    }
 
 
 def main() -> list[dict[str, object]]:
     outcomes = launch(step, ROWS * COLS)
     for o in outcomes:
-        print(f"rank {o['rank']}: row group {list(o['row'])} (shard {o['shard']}), "
-              f"col group {list(o['col'])} (batch {o['batch']}), loss {o['loss']:.6f}, "
-              + ", ".join(f"{name} {'ok' if ok else 'WRONG'}" for name, ok in o["checks"].items()))
+        print(
+            f"rank {o['rank']}: row group {list(o['row'])} (shard {o['shard']}), "
+            f"col group {list(o['col'])} (batch {o['batch']}), loss {o['loss']:.6f}, "
+            + ", ".join(f"{name} {'ok' if ok else 'WRONG'}" for name, ok in o["checks"].items())
+        )
         assert all(o["checks"].values()), o
     assert len({o["loss"] for o in outcomes}) == 1
     return outcomes

@@ -16,8 +16,6 @@ Run it with ``python docs/examples/train_ddp.py`` (2 local gloo ranks), or under
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -84,21 +82,24 @@ def train(comm: Communicator, seed: int | None = None) -> dict[str, object] | No
 
 
 def main(world_size: int = 2) -> dict[str, object]:
-    if "RANK" in os.environ:  # started by torchrun (or srun/mpirun with the variables set)
-        with Communicator.create() as comm:
-            result = train(comm)
-        if result is None:
-            return {}
-    else:
+    # Under torchrun, srun or mpirun, create() finds the launcher and this process is one rank;
+    # run as a plain script, it finds none, and launch() starts local ranks instead.
+    with Communicator.create({"backend": "gloo"}) as comm:  # gloo: this small model stays on the CPU
+        launched = comm.is_distributed
+        result = train(comm) if launched else None
+    if not launched:
         result = launch(train, world_size, {"backend": "gloo"})[0]
-        assert result is not None
+    if result is None:
+        return {}  # a rank other than 0 under a launcher
     reference = run_single(train, result["seed"])  # the same function in one process, same seed
 
     loss, single_loss = result["losses"][-1], reference["losses"][-1]
     gap = max(abs(a - b) for a, b in zip(result["losses"], reference["losses"], strict=True))
     prediction_gap = (result["predictions"] - reference["predictions"]).abs().max().item()
     print(f"seed {result['seed']}: final loss {loss:.8f} on the ranks, {single_loss:.8f} in one process")
-    print(f"largest loss difference over {EPOCHS} epochs: {gap:.2e}; largest prediction difference: {prediction_gap:.2e}")
+    print(
+        f"largest loss difference over {EPOCHS} epochs: {gap:.2e}; largest prediction difference: {prediction_gap:.2e}"
+    )
     assert abs(loss - single_loss) <= 1e-5 * max(1.0, abs(single_loss)), (loss, single_loss)
     assert prediction_gap <= 1e-4, prediction_gap
     assert len(result["predictions"]) == TEST_SAMPLES

@@ -38,9 +38,7 @@ class ClassificationMetrics:
 
     def compute(self) -> dict[str, float]:
         """Metrics over every rank's samples, on every rank (one collective)."""
-        totals = self.comm.all_reduce_dict(
-            {"confusion": self.confusion, "loss_sum": self.loss_sum, "seen": self.seen}
-        )
+        totals = self.comm.all_reduce_dict({"confusion": self.confusion, "loss_sum": self.loss_sum, "seen": self.seen})
         confusion = totals["confusion"].double()
         recall = confusion.diag() / confusion.sum(1).clamp(min=1)
         return {
@@ -57,12 +55,23 @@ class ClassificationMetrics:
 
 # -- the data the tests use --------------------------------------------------------------------
 
-LOGITS = torch.tensor([[2.0, 0.1, 0.0], [0.2, 1.5, 0.1], [0.1, 0.2, 3.0], [1.0, 0.0, 2.0],
-                       [0.0, 2.5, 0.1], [3.0, 0.0, 0.2], [0.1, 0.0, 0.3], [0.0, 1.0, 0.5]])
+LOGITS = torch.tensor(
+    [
+        [2.0, 0.1, 0.0],
+        [0.2, 1.5, 0.1],
+        [0.1, 0.2, 3.0],
+        [1.0, 0.0, 2.0],
+        [0.0, 2.5, 0.1],
+        [3.0, 0.0, 0.2],
+        [0.1, 0.0, 0.3],
+        [0.0, 1.0, 0.5],
+    ]
+)
 LABELS = torch.tensor([0, 1, 2, 0, 1, 0, 2, 2])  # samples 3 and 7 are misclassified
 
 
 # -- unit tests: one process, no launcher, exact answers ---------------------------------------
+
 
 def test_metrics_in_one_process() -> None:
     metrics = ClassificationMetrics(NonDistComm(), num_classes=3)
@@ -87,6 +96,7 @@ def test_bad_input_fails_as_it_would_on_many_ranks() -> None:
 
 # -- the same module on two real ranks ----------------------------------------------------------
 
+
 def _on_ranks(comm: Communicator) -> tuple[dict[str, float], list[int] | None]:
     metrics = ClassificationMetrics(comm, num_classes=3)
     shard = slice(comm.rank, None, comm.world_size)  # interleaved, as DistributedSampler shards
@@ -106,8 +116,11 @@ def test_metrics_on_two_ranks() -> None:
 
 
 def main() -> None:
-    for test in (test_metrics_in_one_process, test_bad_input_fails_as_it_would_on_many_ranks,
-                 test_metrics_on_two_ranks):
+    for test in (
+        test_metrics_in_one_process,
+        test_bad_input_fails_as_it_would_on_many_ranks,
+        test_metrics_on_two_ranks,
+    ):
         test()
         print(f"{test.__name__}: passed")
 

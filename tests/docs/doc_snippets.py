@@ -71,8 +71,9 @@ def snippets(page: Path) -> list[Snippet]:
         if language == "python":
             marker = _MARKER.match(lines[start - 1]) if start > 0 else None
             code = "\n".join(lines[start + 1 : end]) + "\n"
-            found.append(Snippet(str(page.relative_to(DOCS)), start + 1, code,
-                                 _modes(marker.group(1) if marker else None, code)))
+            found.append(
+                Snippet(str(page.relative_to(DOCS)), start + 1, code, _modes(marker.group(1) if marker else None, code))
+            )
         i = end + 1
     return found
 

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from doc_snippets import ROOT, Snippet, all_snippets, pages, snippets, stray_python_fences
 
 SNIPPETS = [s for s in all_snippets() if not s.is_include]
@@ -17,13 +16,20 @@ SCRIPT_TIMEOUT = 240
 
 # Launcher variables of an enclosing job must not leak into the snippets' own runs.
 _LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MV2_", "MPI_LOCAL", "TORCHELASTIC_", "COMMUNICATOR_")
-_LAUNCHER_NAMES = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-                   "MASTER_ADDR", "MASTER_PORT"}
+_LAUNCHER_NAMES = {
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+}
 
 
 def clean_env(extra_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in _LAUNCHER_NAMES and not k.startswith(_LAUNCHER_PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_NAMES and not k.startswith(_LAUNCHER_PREFIXES)}
     env["PYTHONPATH"] = os.pathsep.join([str(extra_path), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["OMP_NUM_THREADS"] = "1"
     return env
@@ -46,11 +52,14 @@ def free_port() -> int:
 
 
 def run_script(command: list[str], cwd: Path, what: str) -> None:
-    result = subprocess.run(command, cwd=cwd, env=clean_env(cwd), capture_output=True, text=True,
-                            timeout=SCRIPT_TIMEOUT, check=False)
+    result = subprocess.run(
+        command, cwd=cwd, env=clean_env(cwd), capture_output=True, text=True, timeout=SCRIPT_TIMEOUT, check=False
+    )
     if result.returncode != 0:
-        pytest.fail(f"{what} exited with {result.returncode}\n--- stdout ---\n{result.stdout[-4000:]}"
-                    f"\n--- stderr ---\n{result.stderr[-6000:]}")
+        pytest.fail(
+            f"{what} exited with {result.returncode}\n--- stdout ---\n{result.stdout[-4000:]}"
+            f"\n--- stderr ---\n{result.stderr[-6000:]}"
+        )
 
 
 def run_mode(snippet: Snippet, mode: str, directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,21 +68,48 @@ def run_mode(snippet: Snippet, mode: str, directory: Path, monkeypatch: pytest.M
         monkeypatch.chdir(directory)
         monkeypatch.syspath_prepend(str(directory))
         namespace = {"__name__": "__docs__", "__file__": str(script)}
-        exec(compile(snippet.code, snippet.id, "exec"), namespace)  # noqa: S102 - the docs' own code
+        exec(compile(snippet.code, snippet.id, "exec"), namespace)
     elif mode == "python":
         script.write_text(snippet.code)
         run_script([sys.executable, script.name], directory, f"python {snippet.id}")
     elif mode.startswith("torchrun "):
         script.write_text(snippet.code)
         nproc = mode.split()[1]
-        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", nproc,
-                   "--master-addr", "127.0.0.1", "--master-port", str(free_port()), script.name]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            nproc,
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            script.name,
+        ]
         run_script(command, directory, f"torchrun {snippet.id}")
     elif mode == "pytest":
         test_file = directory / f"test_snippet_{snippet.line}.py"
         test_file.write_text(snippet.code)
-        run_script([sys.executable, "-m", "pytest", "-q", "-p", "communicator.pytest_plugin", "-p", "no:cacheprovider",
-                    "--rootdir", str(directory), test_file.name], directory, f"pytest {snippet.id}")
+        run_script(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "communicator.pytest_plugin",
+                "-p",
+                "no:cacheprovider",
+                "--rootdir",
+                str(directory),
+                test_file.name,
+            ],
+            directory,
+            f"pytest {snippet.id}",
+        )
     elif mode.startswith("file "):
         compile(snippet.code, snippet.id, "exec")  # written by page_dir; it must at least compile
     else:
@@ -82,7 +118,9 @@ def run_mode(snippet: Snippet, mode: str, directory: Path, monkeypatch: pytest.M
 
 @pytest.mark.timeout(SCRIPT_TIMEOUT * 2 + 60)
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=[s.id for s in SNIPPETS])
-def test_snippet_runs(snippet: Snippet, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_snippet_runs(
+    snippet: Snippet, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if snippet.modes[0].startswith("skip"):
         pytest.skip(f"{snippet.id}: {snippet.modes[0]}")
     directory = page_dir(snippet, tmp_path_factory)

@@ -13,10 +13,11 @@ values they must (all_reduce, all_gather_object, collect_results). After the blo
 variables must be exactly as before (under MPI and Slurm: absent before and after, present
 inside) and the default process group must be gone.
 
-Each rank prints ``OK rank=R world=W local_rank=L launcher=NAME``, or ``FAIL rank=R ...: what
-differs``. With ``--check`` the same processes then run ``communicator check`` (a second
-communicator in the same process, as a script that opens one after another does); rank 0 prints
-its table. The exit status is 0 when everything passed.
+With ``--check`` the ranks also run what ``communicator check`` runs (``check_job``: every
+collective, verified) inside the same block, and rank 0 prints its table.
+
+Each rank prints ``OK rank=R world=W local_rank=L launcher=NAME`` and exits 0, or prints
+``FAIL rank=R ...: what differs`` and exits 1.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import torch.distributed as dist  # noqa: E402
 from launcher_probe import OWN_VARIABLES, expected_layout, report  # noqa: E402
 
 from communicator import Communicator  # noqa: E402
-from communicator.cli import main as communicator_main  # noqa: E402
+from communicator.cli.check import Aborted, check_job  # noqa: E402
 
 #: The variables the communicator sets while its block is open, under every launcher.
 TORCHRUN_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -63,10 +64,25 @@ def collectives(comm: Communicator) -> list[str]:
     return problems
 
 
+def inside_the_block(comm: Communicator, launcher: str, expected: dict[str, int]) -> list[str]:
+    """The layout against the launcher's own variables, the variables set, a few collectives."""
+    inside = snapshot()
+    layout = {"rank": comm.rank, "world_size": comm.world_size, "local_rank": comm.local_rank,
+              "local_size": comm.local_size}
+    problems = [f"{field}={layout[field]} but the launcher says {want}"
+                for field, want in expected.items() if layout[field] != want]
+    if type(comm).__name__ != "TorchComm" or f"{launcher}:" not in comm.describe():
+        problems.append(f"describe() does not name a TorchComm from {launcher}: {comm.describe()!r}")
+    for name, value in (("RANK", comm.rank), ("WORLD_SIZE", comm.world_size), ("LOCAL_RANK", comm.local_rank)):
+        if inside[name] != str(value):
+            problems.append(f"inside the block {name}={inside[name]!r}, expected {str(value)!r}")
+    return problems + collectives(comm)  # every rank runs them, whatever it found above
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--launcher", required=True, choices=sorted(OWN_VARIABLES))
-    parser.add_argument("--check", action="store_true", help="then run `communicator check` in the same processes")
+    parser.add_argument("--check", action="store_true", help="also run every collective as `communicator check` does")
     args = parser.parse_args()
 
     expected = expected_layout(args.launcher)
@@ -75,19 +91,16 @@ def main() -> int:
     if args.launcher != "pytorch" and before["LOCAL_RANK"] is not None:
         problems.append(f"LOCAL_RANK={before['LOCAL_RANK']!r} before the block; {args.launcher} does not set it")
 
-    with Communicator.create() as comm:
-        inside = snapshot()
-        layout = {"rank": comm.rank, "world_size": comm.world_size,
-                  "local_rank": comm.local_rank, "local_size": comm.local_size}
-        problems += [f"{field}={layout[field]} but the launcher says {want}"
-                     for field, want in expected.items() if layout[field] != want]
-        if type(comm).__name__ != "TorchComm" or f"{args.launcher}:" not in comm.describe():
-            problems.append(f"describe() does not name a TorchComm from {args.launcher}: {comm.describe()!r}")
-        for name, value in (("RANK", comm.rank), ("WORLD_SIZE", comm.world_size), ("LOCAL_RANK", comm.local_rank)):
-            if inside[name] != str(value):
-                problems.append(f"inside the block {name}={inside[name]!r}, expected {str(value)!r}")
-        problems += collectives(comm)  # every rank runs them, whatever it found above
-        rank, world, local_rank = comm.rank, comm.world_size, comm.local_rank
+    rank = world = local_rank = -1
+    try:
+        with Communicator.create() as comm:
+            rank, world, local_rank = comm.rank, comm.world_size, comm.local_rank
+            problems += inside_the_block(comm, args.launcher, expected)
+            if args.check and check_job(comm) != 0:
+                problems.append("communicator check failed (see rank 0's table)")
+    except Aborted as stopped:
+        report(f"FAIL rank={rank} launcher={args.launcher}: communicator check stopped: {stopped}")
+        return 1
 
     after = snapshot()
     if after != before:
@@ -97,10 +110,9 @@ def main() -> int:
         problems.append("the default process group is still initialised after the block")
     if problems:
         report(f"FAIL rank={rank} launcher={args.launcher}: " + "; ".join(problems))
-    else:
-        report(f"OK rank={rank} world={world} local_rank={local_rank} launcher={args.launcher}")
-    status = communicator_main(["check", "--timeout", "60"]) if args.check else 0
-    return 1 if problems or status else 0
+        return 1
+    report(f"OK rank={rank} world={world} local_rank={local_rank} launcher={args.launcher}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -116,6 +116,7 @@ def _job_environ(extra: dict[str, str] | None = None) -> dict[str, str]:
     """A clean environment in which the ranks import this checkout's package."""
     environ = _clean_environ()
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")]))
+    environ["OMP_NUM_THREADS"] = "1"  # the ranks share this machine's cores
     return {**environ, **(extra or {})}
 
 
@@ -207,21 +208,22 @@ def _assert_check_passed(output: str, launcher: str, ranks: int, report: str) ->
 
 
 @pytest.mark.parametrize("name", list(TOOLS))
-def test_communicator_in_job(name: str) -> None:
+def test_communicator_and_check_in_job(name: str) -> None:
+    """``comm_job.py --check``: the communicator against the tool's variables, then every collective."""
     tool = _tool(name)
-    command = [*tool.prefix(tool.ranks), str(COMM_JOB), "--launcher", tool.launcher]
+    command = [*tool.prefix(tool.ranks), str(COMM_JOB), "--launcher", tool.launcher, "--check"]
     code, output, report = _launch(command, _job_environ(tool.env()))
     assert code == 0, report
     _assert_ok_lines(output, tool.launcher, tool.ranks, report)
-
-
-@pytest.mark.parametrize("name", list(TOOLS))
-def test_check_command(name: str) -> None:
-    tool = _tool(name)
-    command = [*tool.prefix(tool.ranks), "-m", "communicator", "check", "--timeout", "60"]
-    code, output, report = _launch(command, _job_environ(tool.env()))
-    assert code == 0, report
     _assert_check_passed(output, tool.launcher, tool.ranks, report)
+
+
+def test_check_command_under_torchrun_module_mode() -> None:
+    """``torchrun -m communicator check``: the command itself, started as a module by the tool."""
+    tool = _tool("torchrun")
+    code, output, report = _launch([*tool.prefix(2), "-m", "communicator", "check"], _job_environ())
+    assert code == 0, report
+    _assert_check_passed(output, "pytorch", 2, report)
 
 
 def test_info_names_the_launcher_under_srun() -> None:
@@ -246,7 +248,8 @@ def _wait_for_job(job_id: str, limit: float) -> None:
 
 
 def test_sbatch_job_runs_srun_steps(tmp_path: Path) -> None:
-    """The batch shell is one process (NonDistComm); the ``srun`` steps inside it are the job's ranks."""
+    """The batch shell is one process (NonDistComm); the ``srun`` steps inside it (the job script, then
+    ``communicator check`` itself) are the job's ranks."""
     _tool("srun")
     output_file = tmp_path / "job.out"
     script = tmp_path / "job.sh"
