@@ -512,8 +512,12 @@ class Communicator(abc.ABC):
         finally:
             receive_device.reset(token)
 
-    def _payloads(self, records: Sequence[Record], frames: Mapping[int, np.ndarray]) -> list[memoryview]:
-        return [frames[r].data if rec.is_large else rec.inline for r, rec in enumerate(records)]
+    def _decode_all(self, records: Sequence[Record], frames: Mapping[int, np.ndarray], own: T) -> list[T]:
+        """Every rank's object; this rank's own is the object itself (as in one process), not a copy."""
+        return [
+            own if r == self.rank else self._decode(frames[r].data if rec.is_large else rec.inline, r)
+            for r, rec in enumerate(records)
+        ]
 
     @collective()
     def all_gather_object(self, obj: T) -> list[T]:
@@ -538,8 +542,7 @@ class Communicator(abc.ABC):
         }
         sends = {r: frame for r in range(self.world_size) if r != self.rank} if records[self.rank].is_large else {}
         self._exchange(sends, frames)
-        frames[self.rank] = frame
-        return [self._decode(data, r) for r, data in enumerate(self._payloads(records, frames))]
+        return self._decode_all(records, frames, own=obj)
 
     @collective("dst")
     def gather_object(self, obj: T, dst: int = 0) -> list[T] | None:
@@ -561,8 +564,7 @@ class Communicator(abc.ABC):
             return None
         frames = {r: np.empty(rec.length, dtype=np.uint8) for r, rec in enumerate(records) if rec.is_large and r != dst}
         self._exchange({}, frames)
-        frames[dst] = frame
-        return [self._decode(data, r) for r, data in enumerate(self._payloads(records, frames))]
+        return self._decode_all(records, frames, own=obj)
 
     @collective("src")
     def broadcast_object(self, obj: T, src: int = 0) -> T:
@@ -583,12 +585,13 @@ class Communicator(abc.ABC):
             frame, record, error = self._encode(obj, where)
         received = self._broadcast_record(record, src)
         rec = check_records([received], [src], self.rank, error, where)[0]
+        if self.rank == src:
+            if rec.is_large:
+                assert frame is not None
+                self._exchange({r: frame for r in range(self.world_size) if r != src}, {})
+            return obj
         if not rec.is_large:
             return self._decode(rec.inline, src)  # type: ignore[no-any-return]
-        if self.rank == src:
-            assert frame is not None
-            self._exchange({r: frame for r in range(self.world_size) if r != src}, {})
-            return self._decode(frame.data, src)  # type: ignore[no-any-return]
         data = np.empty(rec.length, dtype=np.uint8)
         self._exchange({}, {src: data})
         return self._decode(data.data, src)  # type: ignore[no-any-return]
@@ -634,7 +637,8 @@ class Communicator(abc.ABC):
             assert rows is not None
             large = {r: frames[r] for r in range(self.world_size) if r != src and Record(rows[r]).is_large}
             self._exchange(large, {})
-            return self._decode(frames[src].data, src)  # type: ignore[no-any-return]
+            assert objects is not None
+            return objects[src]
         if not rec.is_large:
             return self._decode(rec.inline, src)  # type: ignore[no-any-return]
         data = np.empty(rec.length, dtype=np.uint8)

@@ -39,11 +39,6 @@ class _Leaf:
     kind: str  # "tensor", "int", "float", "bool", "numpy"
     tensor: torch.Tensor
     original: Any
-    offset: int = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.tensor.numel() * self.tensor.element_size()
 
 
 def _leaves(data: Mapping[Any, Any], prefix: Path = ()) -> list[tuple[Path, Any]]:
@@ -149,50 +144,53 @@ def all_reduce_dict(comm: Communicator, data: Mapping[Any, Any], op: ReduceOpLik
         check_op_dtype(name, leaf.tensor.dtype, in_place=False)
     signature = _signature(leaves)
     digest = hashlib.blake2b(repr(signature).encode(), digest_size=16).digest()
+    buckets = _buckets(leaves)
 
-    offset = 0
-    for leaf in leaves:
-        leaf.offset = offset
-        offset = -(-(offset + leaf.nbytes) // _ALIGN) * _ALIGN
-    inline = offset <= RECORD_BYTES - _HEAD.size
+    # Each bucket's values, flattened into one tensor, at an aligned offset of the record.
+    flats, offsets, end = [], [], 0
+    for (_, dtype), members in buckets.items():
+        flat = torch.cat([m.tensor.reshape(-1) for m in members]) if members else torch.empty(0, dtype=dtype)
+        flats.append(flat)
+        offsets.append(end)
+        end = -(-(end + flat.numel() * flat.element_size()) // _ALIGN) * _ALIGN
+    inline = end <= RECORD_BYTES - _HEAD.size
     record = np.zeros(RECORD_BYTES, dtype=np.uint8)
-    _HEAD.pack_into(record.data, 0, digest, int(inline), offset)
+    _HEAD.pack_into(record.data, 0, digest, int(inline), end)
     if inline:
-        for leaf in leaves:
-            raw = leaf.tensor.cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-            start = _HEAD.size + leaf.offset
-            record[start : start + leaf.nbytes] = raw
+        for flat, offset in zip(flats, offsets, strict=True):
+            raw = flat.cpu().view(torch.uint8).numpy()
+            record[_HEAD.size + offset : _HEAD.size + offset + raw.size] = raw
 
     rows = comm._gather_records(record)
     if any(bytes(row[:16]) != digest for row in rows):
         raise _mismatch(comm.all_gather_object(signature))
 
     world = comm.world_size
-    if inline:
-        reduced = []
-        for leaf in leaves:
-            start = _HEAD.size + leaf.offset
-            parts = [torch.from_numpy(row[start : start + leaf.nbytes]).view(leaf.tensor.dtype) for row in rows]
-            stacked = torch.stack(parts).reshape(world, *leaf.tensor.shape)
-            reduced.append((leaf.path, _restore(leaf, _reduce_local(name, stacked, world))))
-        return _nest(reduced, data)
-    return _nest(_reduce_buckets(comm, leaves, name), data)
+    reduced: list[tuple[Path, Any]] = []
+    for members, flat, offset in zip(buckets.values(), flats, offsets, strict=True):
+        if inline:  # every rank reduces the same rows in the same order: bitwise the same answer
+            start = _HEAD.size + offset
+            stop = start + flat.numel() * flat.element_size()
+            stacked = torch.stack([torch.from_numpy(row[start:stop]).view(flat.dtype) for row in rows])
+            result = _reduce_local(name, stacked, world)
+        else:
+            result = _reduce_bucket(comm, flat, name)
+        for member, piece in zip(members, torch.split(result, [m.tensor.numel() for m in members]), strict=True):
+            reduced.append((member.path, _restore(member, piece.reshape(member.tensor.shape))))
+    return _nest(reduced, data)
 
 
-def _reduce_buckets(comm: Communicator, leaves: list[_Leaf], name: str) -> list[tuple[Path, Any]]:
-    """One collective per (device, dtype) bucket."""
+def _buckets(leaves: list[_Leaf]) -> dict[tuple[str, torch.dtype], list[_Leaf]]:
+    """Leaves grouped by device and dtype, in the (sorted) order of their first leaf."""
     buckets: dict[tuple[str, torch.dtype], list[_Leaf]] = {}
     for leaf in leaves:
         buckets.setdefault((str(leaf.tensor.device), leaf.tensor.dtype), []).append(leaf)
-    reduced: list[tuple[Path, Any]] = []
-    for (_, dtype), members in buckets.items():
-        flat = torch.cat([m.tensor.reshape(-1) for m in members])
-        integer_mean = name == "mean" and not (dtype.is_floating_point or dtype.is_complex)
-        if integer_mean:
-            flat = flat.double()
-        comm.all_reduce(flat, op="sum" if integer_mean else name)
-        if integer_mean:
-            flat /= comm.world_size
-        for member, piece in zip(members, torch.split(flat, [m.tensor.numel() for m in members]), strict=True):
-            reduced.append((member.path, _restore(member, piece.reshape(member.tensor.shape))))
-    return reduced
+    return buckets
+
+
+def _reduce_bucket(comm: Communicator, flat: torch.Tensor, name: str) -> torch.Tensor:
+    """One collective for a bucket too large to travel inline."""
+    integer_mean = name == "mean" and not (flat.dtype.is_floating_point or flat.dtype.is_complex)
+    flat = flat.double() if integer_mean else flat  # already a fresh tensor (torch.cat)
+    comm.all_reduce(flat, op="sum" if integer_mean else name)
+    return flat / comm.world_size if integer_mean else flat

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import PrefixStore, Store
 
-from communicator.errors import CommTimeoutError, PeerLostError, RemoteError, RemoteFailure
+from communicator.errors import CommError, CommTimeoutError, PeerLostError, RemoteError, RemoteFailure
 
 if TYPE_CHECKING:
     from communicator.torch_comm import TorchComm
@@ -33,7 +33,7 @@ class FailureBoard:
 
     _made = 0  # boards made in this process: every rank counts the same way
 
-    def __init__(self, store: Store, world_size: int, name: str) -> None:
+    def __init__(self, store: Store | _ClosedStore, world_size: int, name: str) -> None:
         #: The namespace's path in the store; unique in the job.
         self.name = name
         self._store = store
@@ -53,6 +53,11 @@ class FailureBoard:
         world = dist.distributed_c10d._get_default_group()
         return cls(PrefixStore(f"communicator/{world.group_name}/{name}", base), comm.world_size, name)
 
+    def release(self) -> None:
+        """Drop the store: a store still referenced when the interpreter exits is torn down too late
+        (rank 0's server thread then aborts the process)."""
+        self._store = _ClosedStore()
+
     def next_child(self) -> int:
         """A number for the next batch of subgroups; every member asks in the same order, so numbers agree."""
         self._children += 1
@@ -60,6 +65,8 @@ class FailureBoard:
 
     def child(self, world_size: int, name: str) -> FailureBoard:
         """A namespace for a subgroup, inside this one."""
+        if isinstance(self._store, _ClosedStore):
+            raise CommError("the communicator is closed: no new subgroups")
         return FailureBoard(PrefixStore(name, self._store), world_size, self.name + name)
 
     def post(self, rank: int, error: BaseException, where: str) -> None:
@@ -192,3 +199,19 @@ def _alive(pid: int) -> bool:
         except PermissionError:
             return True
         return True
+
+
+class _ClosedStore:
+    """Stands in for the store after ``release()``: reads find nothing, writes go nowhere."""
+
+    def check(self, keys: list[str]) -> bool:
+        return False
+
+    def add(self, key: str, value: int) -> int:
+        return 0
+
+    def set(self, key: str, value: str) -> None:
+        return None
+
+    def get(self, key: str) -> bytes:
+        raise KeyError(key)

@@ -10,6 +10,7 @@ from typing_extensions import override
 
 from communicator.errors import NotMemberError
 from communicator.torch_comm import TorchComm
+from communicator.waiting import TransferWaiter
 
 if TYPE_CHECKING:
     from communicator.failures import FailureBoard
@@ -64,6 +65,7 @@ class SubgroupComm(TorchComm):
         self._reason = f"this rank (world {dist.get_rank()}) is not among world ranks {list(global_ranks)}"
         self._env_restore = {}
         self._children = []
+        self._transfers = TransferWaiter()
 
     @property
     def is_member(self) -> bool:

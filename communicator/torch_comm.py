@@ -21,6 +21,7 @@ from communicator.failures import FailureBoard
 from communicator.guard import collective
 from communicator.handles import Handle
 from communicator.ops import WIRE_DTYPES, ReduceOpLike, check_op_dtype, parse_op, torch_op
+from communicator.waiting import Job, PointToPoint, TransferWaiter
 
 if TYPE_CHECKING:
     from communicator.subgroup import SubgroupComm
@@ -90,6 +91,7 @@ class TorchComm(Communicator):
         self._board.announce_process(self._rank)
         self._env_restore: dict[str, str | None] = {}
         self._broken: BaseException | None = None
+        self._transfers = TransferWaiter()
         self._children: list[SubgroupComm] = []
         self._local: Communicator | None = None
         # Torch groups this communicator created, by (sorted world ranks, created by members only).
@@ -165,6 +167,7 @@ class TorchComm(Communicator):
                     failed = True
         finally:
             self._closed = True
+            self._transfers.stop()
             for child in self._children:
                 child._release(failed, None)
             if self._owner and dist.is_initialized():
@@ -179,6 +182,7 @@ class TorchComm(Communicator):
                         dist.destroy_process_group(created)
             restore_environ(self._env_restore)
             self._env_restore = {}
+            self._board.release()
 
     def _created_groups(self) -> list[dist.ProcessGroup]:
         unique = {id(g): g for pair in self._groups.values() for g in pair if isinstance(g, dist.ProcessGroup)}
@@ -363,7 +367,11 @@ class TorchComm(Communicator):
         limit = self._timeout.total_seconds() if timeout is None else timeout
         deadline = time.monotonic() + limit
         poll = timedelta(seconds=POLL_SECONDS)
+        transfers = [w for w in works if isinstance(w, PointToPoint)]
+        job = self._transfers.start(transfers, limit) if transfers else None
         for work in works:
+            if isinstance(work, PointToPoint):
+                continue
             # gloo raises "timed out" after each slice; NCCL returns at once (the GPU stream waits).
             while True:
                 try:
@@ -383,6 +391,24 @@ class TorchComm(Communicator):
                     raise self._abandon(
                         CommTimeoutError(f"{what} did not finish within {limit:g} s on rank {self.rank}"), what
                     )
+        if job is not None:
+            self._wait_for_transfers(job, deadline, what)
+
+    def _wait_for_transfers(self, job: Job, deadline: float, what: str) -> None:
+        # The transfers time out on their own at the deadline; the grace covers a stuck thread.
+        while not job.done.wait(POLL_SECONDS):
+            try:
+                self._board.raise_if_failed(self, what)
+                self._board.raise_if_peer_died(self, what)
+            except CommError as known:
+                raise self._abandon(known, what) from None
+            if time.monotonic() > deadline + POLL_SECONDS * 20:
+                raise self._abandon(CommTimeoutError(f"{what} did not finish in time on rank {self.rank}"), what)
+        failure = job.error
+        if failure is not None:
+            if not isinstance(failure, RuntimeError):
+                raise failure
+            raise self._abandon(self._translated(failure, what), what) from failure
 
     def _abandon(self, error: CommError, what: str) -> CommError:
         """This rank leaves a collective unfinished: the group can no longer be trusted, and the
@@ -571,9 +597,9 @@ class TorchComm(Communicator):
         """Start point-to-point transfers (ranks local); receives are posted first."""
         works = []
         for peer, tensor in recvs.items():
-            works.append(dist.irecv(tensor, group=group, group_src=self._group_rank_of[peer]))
+            works.append(PointToPoint(dist.irecv(tensor, group=group, group_src=self._group_rank_of[peer])))
         for peer, tensor in sends.items():
-            works.append(dist.isend(tensor, group=group, group_dst=self._group_rank_of[peer]))
+            works.append(PointToPoint(dist.isend(tensor, group=group, group_dst=self._group_rank_of[peer])))
         return works
 
     @override
@@ -721,7 +747,7 @@ class TorchComm(Communicator):
         dst = self._peer("dst", dst)
         source = self._on_device(tensor)
         with self._mode(tensor), self._translate("send"):
-            work = dist.isend(source, group=self._group, group_dst=self._group_rank_of[dst], tag=tag)
+            work = PointToPoint(dist.isend(source, group=self._group, group_dst=self._group_rank_of[dst], tag=tag))
         return Handle([work], lambda: None, self._waiter("send"))
 
     @override
@@ -731,7 +757,7 @@ class TorchComm(Communicator):
         src = self._peer("src", src)
         target = self._on_device(tensor)
         with self._mode(tensor), self._translate("recv"):
-            work = dist.irecv(target, group=self._group, group_src=self._group_rank_of[src], tag=tag)
+            work = PointToPoint(dist.irecv(target, group=self._group, group_src=self._group_rank_of[src], tag=tag))
 
         def finish() -> torch.Tensor:
             if target is not tensor:

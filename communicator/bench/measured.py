@@ -28,7 +28,7 @@ class CaseRun:
         return [impl for name, impl in self.timings.correct if name == op]
 
     def median_ms(self, call: Call) -> float | None:
-        """The call's median over the repetitions; ``None`` when it failed or does not exist."""
+        """The call's median over the rounds; ``None`` when it failed or does not exist."""
         times = self.timings.seconds.get(call)
         return statistics.median(times) * 1000 if times else None
 

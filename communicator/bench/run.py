@@ -32,6 +32,7 @@ class Plan:
     repeat: int
     cases: tuple[str, ...]
     sizes: Sizes
+    min_sample_seconds: float  # shorter calls are repeated within a sample
 
 
 def _progress(message: str) -> None:
@@ -54,9 +55,9 @@ def _run_case(context: Context, ops: dict[str, Op], case: Case, plan: Plan) -> C
     calls = sum(len(op.impls) for op in selected)
     _progress(
         f"{case.name}: {case.describe}, {max(lengths) / 2**20:.2f} MiB per rank at most; "
-        f"{calls} calls x {plan.repeat} repetitions"
+        f"{calls} calls, checked once, then {plan.repeat} timed rounds"
     )
-    timings = time_case(context, selected, inputs, plan.repeat)
+    timings = time_case(context, selected, inputs, plan.repeat, plan.min_sample_seconds)
     return CaseRun(case.name, case.describe, lengths, timings)
 
 

@@ -1,12 +1,13 @@
-"""Time the implementations of a case, round robin, and check their results once.
+"""Check the implementations of a case once, then time them round robin.
 
-Every rank runs the same calls in the same order. A repetition's time for a call is the slowest
+Every rank runs the same calls in the same order. A round's time for a call is the slowest
 rank's, since a collective is done only when every rank is done.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,20 +21,17 @@ __all__ = ["Call", "Timings", "time_case"]
 
 Call = tuple[str, str]  # (op name, implementation name)
 
-# Calls shorter than this are repeated back to back within one sample, so that a millisecond of
-# scheduling jitter on a busy machine does not decide the median of a sub-millisecond op.
-MIN_SAMPLE_SECONDS = 0.05
-MAX_LOOPS = 50
+MAX_LOOPS = 100
 
 
 @dataclasses.dataclass
 class Timings:
-    """Seconds per call and repetition (the slowest rank's), which results were right, which calls failed."""
+    """Seconds per call and round (the slowest rank's), which results were right, which calls failed."""
 
     seconds: dict[Call, list[float]]
     correct: dict[Call, bool]
     errors: dict[Call, str]
-    loops: dict[Call, int]  # calls per timed sample after the first
+    loops: dict[Call, int]  # calls per timed sample
 
 
 def _slowest(values: Sequence[float]) -> list[float]:
@@ -60,16 +58,19 @@ def _timed(impl: Impl, context: Context, data: Any, loops: int = 1) -> tuple[Any
     return result, (time.perf_counter() - start) / loops, None
 
 
-def _loops(first_seconds: float) -> int:
-    """How many calls make one sample last about ``MIN_SAMPLE_SECONDS``."""
-    return max(1, min(MAX_LOOPS, round(MIN_SAMPLE_SECONDS / max(first_seconds, 1e-6))))
+def _loops(first_seconds: float, min_sample_seconds: float) -> int:
+    """How many calls make one sample last about ``min_sample_seconds``."""
+    return max(1, min(MAX_LOOPS, round(min_sample_seconds / max(first_seconds, 1e-6))))
 
 
-def _checked_repetition(context: Context, ops: Sequence[Op], inputs: Mapping[str, Any]) -> Timings:
-    """The first repetition: each result is compared with the op's first one, after the clock stops.
+def _check_once(
+    context: Context, ops: Sequence[Op], inputs: Mapping[str, Any]
+) -> tuple[dict[Call, bool], dict[Call, str], dict[Call, float]]:
+    """Run every call once, untimed for the report: (right on every rank, why failed, slowest seconds).
 
-    The first implementation of each op is this library's; if it fails, the next one that runs is
-    the reference.
+    Each result is compared with the op's first one after the clock stops; the first is this
+    library's, or if it failed, the next that ran. The pass also warms every path up, and its
+    times only size the later samples.
     """
     seconds: dict[Call, float] = {}
     correct: dict[Call, bool] = {}
@@ -92,37 +93,37 @@ def _checked_repetition(context: Context, ops: Sequence[Op], inputs: Mapping[str
     for call, ran_everywhere in zip(calls, _on_every_rank([call not in errors for call in calls]), strict=True):
         if not ran_everywhere:
             errors.setdefault(call, "failed on another rank")
-    slowest = dict(zip(calls, _slowest([seconds[call] for call in calls]), strict=True))
-    kept = [call for call in calls if call not in errors]
-    return Timings(
-        {call: [slowest[call]] for call in kept},
-        dict(zip(calls, _on_every_rank([correct[call] for call in calls]), strict=True)),
-        errors,
-        {call: _loops(slowest[call]) for call in kept},  # the same on every rank: from the slowest times
-    )
+    agreed = dict(zip(calls, _on_every_rank([correct[call] for call in calls]), strict=True))
+    return agreed, errors, dict(zip(calls, _slowest([seconds[call] for call in calls]), strict=True))
 
 
-def time_case(context: Context, ops: Sequence[Op], inputs: Mapping[str, Any], repeat: int) -> Timings:
-    """Run every implementation ``repeat`` times, round robin; check results in the first round.
+def time_case(
+    context: Context, ops: Sequence[Op], inputs: Mapping[str, Any], repeat: int, min_sample_seconds: float
+) -> Timings:
+    """Check every call once, then time each ``repeat`` times, round robin.
 
-    The starting point rotates each round, so no implementation always follows the same one.
+    A call shorter than ``min_sample_seconds`` runs back to back within each sample, so that a few
+    milliseconds of scheduling jitter on a busy machine do not decide the median of a short op.
+
+    Every round runs the calls in a fresh random order, the same on every rank, so no
+    implementation always follows the same one (the one before can leave the allocator or the
+    sockets warm or cold).
     """
-    timings = _checked_repetition(context, ops, inputs)
-    calls = list(timings.seconds)
-    if not calls:
-        return timings
+    correct, errors, first = _check_once(context, ops, inputs)
+    calls = [call for call in first if call not in errors]
+    loops = {call: _loops(first[call], min_sample_seconds) for call in calls}
+    seconds: dict[Call, list[float]] = {call: [] for call in calls}
     impls = {(op.name, name): impl for op in ops for name, impl in op.impls.items()}
-    for repetition in range(1, repeat):
-        shift = repetition % len(calls)
-        order = [*calls[shift:], *calls[:shift]]
+    rounds = random.Random(0)  # the same seed, so the same orders, on every rank
+    for _ in range(repeat):
+        order = rounds.sample(calls, len(calls))
         local = []
-        for op_name, impl_name in order:
-            loops = timings.loops[op_name, impl_name]
-            result, elapsed, error = _timed(impls[op_name, impl_name], context, inputs[op_name], loops)
+        for call in order:
+            result, elapsed, error = _timed(impls[call], context, inputs[call[0]], loops[call])
             if error is not None:
-                raise RuntimeError(f"{op_name} ({impl_name}) failed after succeeding once: {error}")
+                raise RuntimeError(f"{call[0]} ({call[1]}) failed after succeeding once: {error}")
             del result  # freed outside the timed region
             local.append(elapsed)
-        for call, seconds in zip(order, _slowest(local), strict=True):
-            timings.seconds[call].append(seconds)
-    return timings
+        for call, slowest in zip(order, _slowest(local), strict=True):
+            seconds[call].append(slowest)
+    return Timings(seconds, correct, errors, loops)

@@ -21,6 +21,8 @@ __all__ = ["add_arguments", "run"]
 # The peers' 64 MiB calls take seconds each: three rounds keep a default run near five minutes on 2 cores.
 DEFAULT_REPEAT = 3
 QUICK_REPEAT = 2
+# A sample of a short call lasts at least this long (a smoke test takes single calls).
+MIN_SAMPLE_SECONDS = 0.2
 
 
 def _at_least(minimum: int) -> Callable[[str], int]:
@@ -39,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--repeat",
         type=_at_least(1),
         default=None,
-        help=f"timed repetitions per call (default {DEFAULT_REPEAT}, {QUICK_REPEAT} with --quick)",
+        help=f"timed rounds of every call (default {DEFAULT_REPEAT}, {QUICK_REPEAT} with --quick)",
     )
     parser.add_argument(
         "--cases",
@@ -50,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"cases to run (default all: {' '.join(CASE_NAMES)})",
     )
     parser.add_argument("--json", metavar="PATH", help="also write every median, raw time, check and target here")
-    parser.add_argument("--quick", action="store_true", help="small payloads and 2 repetitions: a smoke test")
+    parser.add_argument("--quick", action="store_true", help="small payloads, 2 rounds, single calls: a smoke test")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped")
 
 
@@ -76,13 +78,15 @@ def _first_failure(error: CommError) -> str:
 def run(args: argparse.Namespace) -> int:
     repeat = args.repeat or (QUICK_REPEAT if args.quick else DEFAULT_REPEAT)
     cases = tuple(name for name in CASE_NAMES if name in args.cases)
-    plan = Plan(args.world_size, repeat, cases, QUICK if args.quick else FULL)
+    plan = Plan(
+        args.world_size, repeat, cases, QUICK if args.quick else FULL, 0.0 if args.quick else MIN_SAMPLE_SECONDS
+    )
     try:
         runs = run_benchmark(plan, args.timeout)
     except CommError as error:
         print(f"communicator bench: the ranks failed: {_first_failure(error)}", file=sys.stderr)
         return 1
-    print(f"world size {plan.world_size}, median of {plan.repeat} repetitions, slowest rank per repetition")
+    print(f"world size {plan.world_size}, median of {plan.repeat} rounds, slowest rank per round")
     _print_report(runs, args.quick)
     if args.json:
         with open(args.json, "w") as out:

@@ -370,6 +370,32 @@ def _send_recv(comm: Communicator, n: int) -> None:
     _expect_tensor(received, _ramp(left, n), f"recv(src={left})")
 
 
+#: How late a rank arrives in the late-peer checks: far below any timeout, far above a scheduling hiccup.
+LATE_SECONDS = 0.2
+
+
+def _all_reduce_late_rank(comm: Communicator, n: int) -> None:
+    if comm.rank == _last(comm):
+        time.sleep(LATE_SECONDS)
+    tensor = comm.all_reduce(_ramp(comm.rank, 4))
+    _expect_tensor(
+        tensor, _reduced("sum", functools.partial(_ramp, n=4), comm.world_size), "all_reduce (one rank late)"
+    )
+
+
+def _send_recv_late_sender(comm: Communicator, n: int) -> None:
+    right, left = _ring(comm)
+    received = torch.zeros(4)
+    if comm.rank % 2 == 0:  # the even ranks send late; the odd ones wait for them in recv
+        time.sleep(LATE_SECONDS)
+        comm.send(_ramp(comm.rank, 4), dst=right)
+        comm.recv(received, src=left)
+    else:
+        comm.recv(received, src=left)
+        comm.send(_ramp(comm.rank, 4), dst=right)
+    _expect_tensor(received, _ramp(left, 4), f"recv(src={left}) from a sender {LATE_SECONDS:g} s late")
+
+
 def _isend_irecv(comm: Communicator, n: int) -> None:
     right, left = _ring(comm)
     received = torch.zeros(n)
@@ -528,6 +554,11 @@ def _expect_group(group: Communicator, members: Sequence[int], comm: Communicato
         (group.rank, group.world_size) == (members.index(comm.rank), len(members)),
         f"{what}: rank {group.rank} of {group.world_size}, expected {members.index(comm.rank)} of {len(members)}",
     )
+    world_ranks = [comm.to_global(member) for member in members]
+    _expect(
+        list(group.global_ranks) == world_ranks and group.to_local(comm.to_global(comm.rank)) == group.rank,
+        f"{what}: global_ranks {list(group.global_ranks)}, expected {world_ranks}",
+    )
     _expect_same(group.all_gather_object(comm.rank), list(members), f"{what}.all_gather_object(parent rank)")
     total = group.all_reduce(torch.full((n,), float(comm.rank)))
     _expect_tensor(total, torch.full((n,), float(sum(members))), f"{what}.all_reduce")
@@ -577,6 +608,7 @@ CHECKS: tuple[Check, ...] = (
     Check("all_reduce(async_op)", _all_reduce_async),
     Check("all_reduce[inference_mode]", _all_reduce_inference),
     Check("all_reduce[int mean refused]", _integer_mean_refused, sized=False),
+    Check("all_reduce[late rank]", _all_reduce_late_rank, sized=False),
     Check("broadcast", _broadcast),
     Check("reduce", _reduce),
     Check("all_gather", _all_gather),
@@ -588,6 +620,7 @@ CHECKS: tuple[Check, ...] = (
     Check("all_to_all", _all_to_all),
     Check("send/recv", _send_recv),
     Check("isend/irecv", _isend_irecv),
+    Check("send/recv[late sender]", _send_recv_late_sender, sized=False),
     Check("all_gather_object", _all_gather_object),
     Check("gather_object", _gather_object),
     Check("broadcast_object", _broadcast_object),
@@ -797,9 +830,16 @@ def _select(ops: str | None) -> list[Check]:
     return chosen
 
 
+class _Stopped(Exception):
+    """A local rank's report after the run stopped; it reaches the parent as the error message."""
+
+
 def _local_rank_job(comm: Communicator, checks: Sequence[Check], sizes: Sequence[str]) -> tuple[int, list[str]]:
     lines: list[str] = []
-    status = check_job(comm, checks, sizes, emit=lines.append)
+    try:
+        status = check_job(comm, checks, sizes, emit=lines.append)
+    except Aborted as aborted:
+        raise _Stopped("\n".join(lines)) from aborted  # leaving the block with it releases the other ranks
     return status, lines
 
 
@@ -814,6 +854,10 @@ def run_local(
         results = launch(
             _local_rank_job, nproc, {"backend": "gloo", "timeout": timeout}, (checks, sizes), timeout=60 + 3 * timeout
         )
+    except RemoteError as error:
+        reports = [failure.message for failure in error.failures if failure.error_type == _Stopped.__name__]
+        print("\n".join(reports) or f"communicator check: the local ranks failed: {error}", flush=True)
+        return 1
     except CommError as error:
         print(f"communicator check: the local ranks failed: {error}", file=sys.stderr, flush=True)
         return 1

@@ -28,7 +28,7 @@ from communicator.testing import run_ranks
 
 REPO = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^(\S.*?)\s{2,}(-|small|medium|large)\s+(pass|FAIL|skip|not run)\s+\d+\.\d+(?:\s+(.*))?$")
-POINT_TO_POINT = {"send/recv", "isend/irecv", "send_object/recv_object"}
+POINT_TO_POINT = {"send/recv", "isend/irecv", "send/recv[late sender]", "send_object/recv_object"}
 
 
 def _rows(output: str) -> list[tuple[str, str, str, str]]:
@@ -71,10 +71,20 @@ def test_local_ranks(world_size: int, capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_module_entry_point_in_one_process() -> None:
-    environ = {**os.environ, "COMMUNICATOR_LAUNCHER": "none",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "communicator", "check", "--sizes", "small", "--ops", "all_reduce"],
-                          env=environ, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    environ = {
+        **os.environ,
+        "COMMUNICATOR_LAUNCHER": "none",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "communicator", "check", "--sizes", "small", "--ops", "all_reduce"],
+        env=environ,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     rows = _rows(done.stdout)
     assert rows and all(op.startswith("all_reduce") and result == "pass" for op, _, result, _ in rows), done.stdout
@@ -144,8 +154,11 @@ def test_run_checks_in_one_process() -> None:
         raise Skip("not here")
 
     with NonDistComm() as comm:
-        outcomes = run_checks(comm, [Check("wrong", _raises_everywhere), Check("skipped", skipped, sized=False),
-                                     CHECKS[2]], ["small", "medium"])
+        outcomes = run_checks(
+            comm,
+            [Check("wrong", _raises_everywhere), Check("skipped", skipped, sized=False), CHECKS[2]],
+            ["small", "medium"],
+        )
     assert [(o.op, o.size, o.status, o.error) for o in outcomes] == [
         ("wrong", "small", "FAIL", "ValueError: bad input for n=8"),
         ("wrong", "medium", "FAIL", "ValueError: bad input for n=100000"),
@@ -175,8 +188,12 @@ def test_broken_communicator_stops_in_one_process() -> None:
 
 
 def _stopping_job(comm: Communicator) -> int:
-    return check_job(comm, [CHECKS[0], Check("peer lost", _peer_lost_on_rank_1, sized=False), *CHECKS[1:4]],
-                     ("small",), emit=lambda line: None)
+    return check_job(
+        comm,
+        [CHECKS[0], Check("peer lost", _peer_lost_on_rank_1, sized=False), *CHECKS[1:4]],
+        ("small",),
+        emit=lambda line: None,
+    )
 
 
 def test_broken_communicator_releases_every_rank_promptly() -> None:
@@ -187,3 +204,16 @@ def test_broken_communicator_releases_every_rank_promptly() -> None:
     assert time.monotonic() - start < 30
     assert failed.value.ranks == (0, 1)
     assert "simulated: a peer of rank 1 died" in str(failed.value)
+
+
+def test_stopped_run_through_the_command(capsys: pytest.CaptureFixture[str]) -> None:
+    start = time.monotonic()
+    code = run_local(2, [CHECKS[0], Check("peer lost", _peer_lost_on_rank_1, sized=False), *CHECKS[1:3]], ["small"], 60)
+
+    output = capsys.readouterr().out
+    assert code == 1
+    assert time.monotonic() - start < 30  # released through the failure board, not by the timeout
+    # Rank 0 prints its table so far; every rank says where it stopped and why.
+    assert _rows(output) == [("barrier", "-", "pass", ""), ("peer lost", "-", "pass", "")]
+    assert "check STOPPED on rank 0 after peer lost (-): the communicator broke: RemoteError" in output
+    assert "check STOPPED on rank 1 at peer lost (-): the communicator broke: PeerLostError: simulated" in output

@@ -67,10 +67,17 @@ def collectives(comm: Communicator) -> list[str]:
 def inside_the_block(comm: Communicator, launcher: str, expected: dict[str, int]) -> list[str]:
     """The layout against the launcher's own variables, the variables set, a few collectives."""
     inside = snapshot()
-    layout = {"rank": comm.rank, "world_size": comm.world_size, "local_rank": comm.local_rank,
-              "local_size": comm.local_size}
-    problems = [f"{field}={layout[field]} but the launcher says {want}"
-                for field, want in expected.items() if layout[field] != want]
+    layout = {
+        "rank": comm.rank,
+        "world_size": comm.world_size,
+        "local_rank": comm.local_rank,
+        "local_size": comm.local_size,
+    }
+    problems = [
+        f"{field}={layout[field]} but the launcher says {want}"
+        for field, want in expected.items()
+        if layout[field] != want
+    ]
     if type(comm).__name__ != "TorchComm" or f"{launcher}:" not in comm.describe():
         problems.append(f"describe() does not name a TorchComm from {launcher}: {comm.describe()!r}")
     for name, value in (("RANK", comm.rank), ("WORLD_SIZE", comm.world_size), ("LOCAL_RANK", comm.local_rank)):

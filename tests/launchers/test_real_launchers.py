@@ -145,17 +145,33 @@ def _no_slurm() -> str | None:
 
 
 def _torchrun(ranks: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ranks}",
-            "--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={ranks}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+    ]
 
 
 TOOLS = {
     "torchrun": Tool("pytorch", 2, lambda: None, _torchrun, dict),
     # MPI does not give a rendezvous port: the ranks read MASTER_PORT from the caller.
-    "openmpi": Tool("openmpi", 2, _no_openmpi, lambda n: ["mpirun", "-np", str(n), sys.executable],
-                    lambda: {**OPENMPI_SETTINGS, "MASTER_PORT": str(free_port())}),
-    "mpich": Tool("mpich", 2, _no_mpich, lambda n: ["mpirun.mpich", "-n", str(n), sys.executable],
-                  lambda: {"MASTER_PORT": str(free_port())}),
+    "openmpi": Tool(
+        "openmpi",
+        2,
+        _no_openmpi,
+        lambda n: ["mpirun", "-np", str(n), sys.executable],
+        lambda: {**OPENMPI_SETTINGS, "MASTER_PORT": str(free_port())},
+    ),
+    "mpich": Tool(
+        "mpich",
+        2,
+        _no_mpich,
+        lambda n: ["mpirun.mpich", "-n", str(n), sys.executable],
+        lambda: {"MASTER_PORT": str(free_port())},
+    ),
     # Slurm: the port is derived from the job id.
     "srun": Tool("slurm", 2, _no_slurm, lambda n: ["srun", "-N1", f"-n{n}", sys.executable], dict),
     "srun-4": Tool("slurm", 4, _no_slurm, lambda n: ["srun", "-N1", f"-n{n}", sys.executable], dict),
@@ -175,8 +191,15 @@ def _launch(command: list[str], environ: dict[str, str]) -> tuple[int, str, str]
 
     On timeout the whole process group (the tool and any rank it started here) is killed.
     """
-    with subprocess.Popen(command, env=environ, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, start_new_session=True) as process:
+    with subprocess.Popen(
+        command,
+        env=environ,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    ) as process:
         try:
             stdout, stderr = process.communicate(timeout=RUN_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -189,9 +212,9 @@ def _launch(command: list[str], environ: dict[str, str]) -> tuple[int, str, str]
 def _assert_ok_lines(output: str, launcher: str, ranks: int, report: str) -> None:
     # Some launchers merge the ranks' output streams: find each line wherever it lands.
     found = sorted(re.findall(r"(?:OK|FAIL) rank=\d+ .*", output))
-    assert found == [
-        f"OK rank={rank} world={ranks} local_rank={rank} launcher={launcher}" for rank in range(ranks)
-    ], report
+    assert found == [f"OK rank={rank} world={ranks} local_rank={rank} launcher={launcher}" for rank in range(ranks)], (
+        report
+    )
 
 
 def _check_rows() -> int:
@@ -265,8 +288,14 @@ def test_sbatch_job_runs_srun_steps(tmp_path: Path) -> None:
         f"srun {sys.executable} -m communicator check --timeout 60\n"
         'echo "check exit $?"\n'
     )
-    submitted = subprocess.run(["sbatch", "--parsable", str(script)], env=_job_environ(), capture_output=True,
-                               text=True, timeout=30, check=False)
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", str(script)],
+        env=_job_environ(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
     _wait_for_job(job_id, RUN_TIMEOUT)
