@@ -39,6 +39,10 @@ class _Leaf:
     kind: str  # "tensor", "int", "float", "bool", "numpy"
     tensor: torch.Tensor
     original: Any
+    key: str = ""  # repr of the path: the order and the name ranks compare
+
+    def __post_init__(self) -> None:
+        self.key = repr(self.path)
 
 
 def _leaves(data: Mapping[Any, Any], prefix: Path = ()) -> list[tuple[Path, Any]]:
@@ -67,9 +71,7 @@ def _leaf(path: Path, value: Any) -> _Leaf:
 
 
 def _signature(leaves: list[_Leaf]) -> list[tuple[str, str, tuple[int, ...], str]]:
-    return [
-        (repr(leaf.path), str(leaf.tensor.dtype), tuple(leaf.tensor.shape), leaf.tensor.device.type) for leaf in leaves
-    ]
+    return [(leaf.key, str(leaf.tensor.dtype), tuple(leaf.tensor.shape), leaf.tensor.device.type) for leaf in leaves]
 
 
 def _mismatch(signatures: list[list[tuple[str, str, tuple[int, ...], str]]]) -> CollectiveMismatchError:
@@ -139,7 +141,7 @@ def all_reduce_dict(comm: Communicator, data: Mapping[Any, Any], op: ReduceOpLik
     name = parse_op(op)
     if not isinstance(data, Mapping):
         raise TypeError(f"all_reduce_dict needs a dict, got {type(data).__name__}")
-    leaves = sorted((_leaf(p, v) for p, v in _leaves(data)), key=lambda leaf: repr(leaf.path))
+    leaves = sorted((_leaf(p, v) for p, v in _leaves(data)), key=lambda leaf: leaf.key)
     for leaf in leaves:
         check_op_dtype(name, leaf.tensor.dtype, in_place=False)
     signature = _signature(leaves)
@@ -148,8 +150,8 @@ def all_reduce_dict(comm: Communicator, data: Mapping[Any, Any], op: ReduceOpLik
 
     # Each bucket's values, flattened into one tensor, at an aligned offset of the record.
     flats, offsets, end = [], [], 0
-    for (_, dtype), members in buckets.items():
-        flat = torch.cat([m.tensor.reshape(-1) for m in members]) if members else torch.empty(0, dtype=dtype)
+    for members in buckets.values():
+        flat = _flatten([m.tensor for m in members])
         flats.append(flat)
         offsets.append(end)
         end = -(-(end + flat.numel() * flat.element_size()) // _ALIGN) * _ALIGN
@@ -175,9 +177,23 @@ def all_reduce_dict(comm: Communicator, data: Mapping[Any, Any], op: ReduceOpLik
             result = _reduce_local(name, stacked, world)
         else:
             result = _reduce_bucket(comm, flat, name)
-        for member, piece in zip(members, torch.split(result, [m.tensor.numel() for m in members]), strict=True):
-            reduced.append((member.path, _restore(member, piece.reshape(member.tensor.shape))))
+        pieces = _unflatten(result, [m.tensor for m in members])
+        reduced.extend((member.path, _restore(member, piece)) for member, piece in zip(members, pieces, strict=True))
     return _nest(reduced, data)
+
+
+def _flatten(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One new 1-D tensor holding every tensor's values, in order."""
+    if all(t.dim() == 0 for t in tensors):
+        return torch.stack(tensors)  # metrics are mostly scalars: one call instead of one per value
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _unflatten(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``flat`` cut back into tensors shaped like ``like``."""
+    if all(t.dim() == 0 for t in like):
+        return list(flat.unbind(0))
+    return [piece.reshape(t.shape) for piece, t in zip(torch.split(flat, [t.numel() for t in like]), like, strict=True)]
 
 
 def _buckets(leaves: list[_Leaf]) -> dict[tuple[str, torch.dtype], list[_Leaf]]:

@@ -64,6 +64,23 @@ def resolve_backend(backend: str, local_size: int = 1) -> str:
     return backend
 
 
+_started = 0  # groups this process has started: every rank counts the same way
+
+
+def _rendezvous_port(port: int) -> int:
+    """``port`` for the first group a process starts, ``port + k`` for the k-th after it.
+
+    World rank 0 serves the store; when it closes a group, a peer that is quicker to start the next
+    one could still reach the old store and read its stale keys. A new port per group rules that out.
+    Under torchrun's agent store (``TORCHELASTIC_USE_AGENT_STORE``) the agent serves ``port``.
+    """
+    global _started
+    _started += 1
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return port
+    return (port - 1 + _started - 1) % 65535 + 1  # stays within 1..65535
+
+
 def _initialize(config: CommConfig, env: LauncherEnv) -> TorchComm:
     """Start and own a process group from the launcher's variables."""
     backend = resolve_backend(config.backend, env.local_size)
@@ -71,7 +88,7 @@ def _initialize(config: CommConfig, env: LauncherEnv) -> TorchComm:
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
     saved = {key: os.environ.get(key) for key in env.env_updates()}
     os.environ.update(env.env_updates())
-    init_method = config.init_method or f"tcp://{env.master_addr}:{env.master_port}"
+    init_method = config.init_method or f"tcp://{env.master_addr}:{_rendezvous_port(env.master_port)}"
     try:
         dist.init_process_group(
             backend, init_method=init_method, rank=env.rank, world_size=env.world_size, timeout=config.timeout

@@ -171,8 +171,9 @@ class TorchComm(Communicator):
             for child in self._children:
                 child._release(failed, None)
             if self._owner and dist.is_initialized():
+                # World rank 0 hosts the store: it leaves last, since peers may still read the board.
+                self._board.depart(self, LINGER_SECONDS)
                 if failed:
-                    self._board.depart(self, LINGER_SECONDS)
                     with contextlib.suppress(Exception):
                         self._group.abort()
                 dist.destroy_process_group()

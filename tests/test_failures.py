@@ -274,3 +274,19 @@ def test_failed_create_restores_everything(monkeypatch) -> None:
         Communicator.create({"backend": "gloo", "timeout": 2})
     assert time.monotonic() - start < 30
     assert not dist.is_initialized() and "LOCAL_RANK" not in os.environ
+
+
+def recreate_owned(comm: Communicator) -> list[float]:
+    comm.close()  # the same processes and the same MASTER_PORT, three more times
+    sums = []
+    for _ in range(3):
+        with Communicator.create({"backend": "gloo"}) as again:
+            t = torch.ones(1)
+            again.all_reduce(t)
+            again.barrier()
+            sums.append(t.item())
+    return sums
+
+
+def test_owned_communicator_can_be_created_again_in_the_same_processes() -> None:
+    assert run_ranks(recreate_owned, 3, timeout=60) == [[3.0, 3.0, 3.0]] * 3
