@@ -71,9 +71,9 @@ class LauncherEnv(abc.ABC):
         self._master_port = None if master_port is None else check_port(master_port, "master_port")
 
     @classmethod
-    @abc.abstractmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
-        """Whether this launcher's variables are present in ``environ``."""
+        """Whether this launcher's variables are present in ``environ`` (by default: none is missing)."""
+        return not cls.missing(environ)
 
     @classmethod
     @abc.abstractmethod

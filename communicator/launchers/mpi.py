@@ -64,12 +64,6 @@ class MPIEnv(LauncherEnv):
 
     @classmethod
     @override
-    def detect(cls, environ: Mapping[str, str]) -> bool:
-        """The rank and size variables are both set."""
-        return not cls.missing(environ)
-
-    @classmethod
-    @override
     def missing(cls, environ: Mapping[str, str]) -> list[str]:
         return [name for name in (cls.rank_variable, cls.size_variable) if name not in environ]
 

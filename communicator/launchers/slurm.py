@@ -111,12 +111,6 @@ class SlurmEnv(LauncherEnv):
 
     @classmethod
     @override
-    def detect(cls, environ: Mapping[str, str]) -> bool:
-        """A task of a job step: ``SLURM_PROCID``, ``SLURM_NTASKS`` and a step id are set."""
-        return not cls.missing(environ)
-
-    @classmethod
-    @override
     def missing(cls, environ: Mapping[str, str]) -> list[str]:
         absent = [name for name in ("SLURM_PROCID", "SLURM_NTASKS") if name not in environ]
         if not any(name in environ for name in _STEP_VARIABLES):
