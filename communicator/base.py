@@ -28,6 +28,7 @@ from communicator.records import (
     check_records,
     empty_record,
     failure_record,
+    forwarded_record,
     frame_record,
 )
 from communicator.results import collect_results
@@ -427,6 +428,14 @@ class Communicator(abc.ABC):
     def _gather_records(self, record: np.ndarray) -> list[np.ndarray]:
         """All-gather one fixed-size uint8 record per rank (same length everywhere), in rank order."""
 
+    def _gather_records_to(self, record: np.ndarray, dst: int) -> list[np.ndarray] | None:
+        """Gather fixed-size records on ``dst`` (rank order), ``None`` elsewhere.
+
+        By default an all-gather; a backend with a cheaper gather overrides it.
+        """
+        rows = self._gather_records(record)
+        return rows if self.rank == dst else None
+
     @abc.abstractmethod
     def _broadcast_record(self, record: np.ndarray, src: int) -> np.ndarray:
         """Broadcast a fixed-size uint8 record from ``src``."""
@@ -557,10 +566,17 @@ class Communicator(abc.ABC):
         dst = self._check_rank("dst", dst)
         where = "gather_object"
         frame, record, error = self._encode(obj, where)
-        records = check_records(self._gather_records(record), range(self.world_size), self.rank, error, where)
+        rows = self._gather_records_to(record, dst)
+        # Only dst saw every record: it tells everyone whether a rank failed, so every rank raises.
+        status = empty_record()
+        records = [Record(row) for row in rows] if rows is not None else []
+        failures = [f for r, rec in enumerate(records) if (f := rec.failure(r)) is not None]
+        if failures:
+            status = forwarded_record(failures[0])
+        check_records([self._broadcast_record(status, dst)], [dst], self.rank, error, where)
         assert frame is not None
         if self.rank != dst:
-            self._exchange({dst: frame} if records[self.rank].is_large else {}, {})
+            self._exchange({dst: frame} if Record(record).is_large else {}, {})
             return None
         frames = {r: np.empty(rec.length, dtype=np.uint8) for r, rec in enumerate(records) if rec.is_large and r != dst}
         self._exchange({}, frames)

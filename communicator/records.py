@@ -17,7 +17,7 @@ import numpy as np
 
 from communicator.errors import RemoteError, RemoteFailure
 
-__all__ = ["RECORD_BYTES", "Record", "check_records", "failure_record", "frame_record"]
+__all__ = ["RECORD_BYTES", "Record", "check_records", "failure_record", "forwarded_record", "frame_record"]
 
 RECORD_BYTES = 2048
 _HEAD = struct.Struct("<BxxxxxxxQ")  # kind, length
@@ -46,8 +46,10 @@ class Record:
     def failure(self, rank: int) -> RemoteFailure | None:
         if self.kind != FAILED:
             return None
-        info: dict[str, str] = json.loads(bytes(self.inline).decode("utf-8", "replace"))
-        return RemoteFailure(rank, info["type"], info["message"], info.get("traceback", ""), info.get("where", ""))
+        info = json.loads(bytes(self.inline).decode("utf-8", "replace"))
+        # A forwarded failure names the rank it came from; a rank's own record is named by position.
+        origin = int(info.get("rank", rank))
+        return RemoteFailure(origin, info["type"], info["message"], info.get("traceback", ""), info.get("where", ""))
 
 
 def empty_record() -> np.ndarray:
@@ -69,17 +71,24 @@ def frame_record(frame: np.ndarray) -> np.ndarray:
 
 def failure_record(error: BaseException, where: str) -> np.ndarray:
     """A record announcing that this rank failed with ``error`` (message and traceback trimmed to fit)."""
-    message = str(error)
-    trace = "".join(traceback.format_exception(error))
+    return _failure(type(error).__name__, str(error), where, "".join(traceback.format_exception(error)), {})
+
+
+def forwarded_record(failure: RemoteFailure) -> np.ndarray:
+    """A record passing on another rank's failure, naming that rank."""
+    return _failure(failure.error_type, failure.message, failure.where, failure.traceback, {"rank": failure.rank})
+
+
+def _failure(kind: str, message: str, where: str, trace: str, extra: dict[str, int]) -> np.ndarray:
     data = b""
     for keep in (INLINE_BYTES, 1200, 600, 200, 0):
         info = {
-            "type": type(error).__name__,
+            "type": kind,
             "message": message[: max(keep, 300)],
             "where": where,
             "traceback": trace[-keep:] if keep else "",
         }
-        data = json.dumps(info).encode()
+        data = json.dumps(info | extra).encode()
         if len(data) <= INLINE_BYTES:
             break
     out = np.zeros(RECORD_BYTES, dtype=np.uint8)

@@ -781,6 +781,19 @@ class TorchComm(Communicator):
         return [rows[g] for g in self._group_rank_of]
 
     @override
+    def _gather_records_to(self, record: np.ndarray, dst: int) -> list[np.ndarray] | None:
+        source = torch.from_numpy(record)
+        outputs = [torch.empty_like(source) for _ in range(self.world_size)] if self.rank == dst else None
+        with self._translate("object gather"):
+            work = dist.gather(
+                source, outputs, group=self._cpu_group, group_dst=self._group_rank_of[dst], async_op=True
+            )
+        self._wait([work], None, "object gather")
+        if outputs is None:
+            return None
+        return [outputs[g].numpy() for g in self._group_rank_of]
+
+    @override
     def _broadcast_record(self, record: np.ndarray, src: int) -> np.ndarray:
         tensor = torch.from_numpy(record.copy())
         with self._translate("object broadcast"):

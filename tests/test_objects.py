@@ -252,3 +252,27 @@ def object_argument_errors(comm: Communicator) -> bool:
 
 def test_object_argument_errors(run) -> None:
     assert all(run(object_argument_errors))
+
+
+def unpicklable_in_gather(comm: Communicator, dst: int) -> str:
+    obj = (lambda: 0) if comm.rank == 1 else {"big": np.zeros(100_000), "rank": comm.rank}
+    try:
+        comm.gather_object(obj, dst=dst)
+    except RemoteError as error:
+        assert error.rank == 1 and error.ranks == (1,)
+        outcome = f"remote {error.error_type}"
+    except (pickle.PicklingError, AttributeError) as error:
+        outcome = f"own {type(error).__name__}"
+    else:
+        return "no error"
+    got = comm.gather_object(comm.rank, dst=dst)  # the group is intact
+    assert got == (list(range(comm.world_size)) if comm.rank == dst else None)
+    return outcome
+
+
+@pytest.mark.world_size(2, 3, 4)
+@pytest.mark.parametrize("dst", [0, 1])
+def test_gather_object_failure_reaches_every_rank(run, dst: int) -> None:
+    outcomes = run(unpicklable_in_gather, dst)
+    assert outcomes[1].startswith("own")
+    assert all(o.startswith("remote") for r, o in enumerate(outcomes) if r != 1)
