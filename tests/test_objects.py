@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from communicator import CollectiveMismatchError, Communicator, RemoteError
+from communicator.equality import same_value as _same
 
 pytestmark = pytest.mark.world_size(1, 2, 3, 4)
 
@@ -25,18 +26,6 @@ def _payload(rank: int, big: bool = False) -> dict[str, object]:
         "nested": [{"i": i, "t": torch.tensor([i, rank])} for i in range(rank)],
         "ints": np.int64(rank),
     }
-
-
-def _same(a: object, b: object) -> bool:
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    return bool(a == b) and type(a) is type(b)
 
 
 def object_collectives(comm: Communicator, big: bool) -> bool:

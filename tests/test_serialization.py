@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from communicator.equality import same_value as same
 from communicator.serialization import (
     PickleCodec,
     SafeCodec,
@@ -40,18 +41,6 @@ NUMPY_DTYPES = ["float32", "float64", "float16", "int64", "int32", "uint16", "bo
 def round_trip(codec: object, obj: object) -> object:
     frame = pack_frame(codec.encode(obj))  # type: ignore[attr-defined]
     return codec.decode(*unpack_frame(frame.data))  # type: ignore[attr-defined]
-
-
-def same(a: object, b: object) -> bool:
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    return bool(a == b)
 
 
 arrays = st.builds(

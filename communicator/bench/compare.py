@@ -5,31 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import torch
+
+from communicator.equality import same_value
 
 __all__ = ["same_objects", "same_reductions"]
 
 
 def same_objects(expected: Any, actual: Any) -> bool:
     """Exact structural equality; arrays and tensors compare by type, dtype, shape and values."""
-    if isinstance(expected, torch.Tensor):
-        return isinstance(actual, torch.Tensor) and expected.dtype == actual.dtype and torch.equal(expected, actual)
-    if isinstance(expected, np.ndarray):
-        return isinstance(actual, np.ndarray) and expected.dtype == actual.dtype and np.array_equal(expected, actual)
-    if isinstance(expected, Mapping):
-        return (
-            isinstance(actual, Mapping)
-            and expected.keys() == actual.keys()
-            and all(same_objects(expected[key], actual[key]) for key in expected)
-        )
-    if isinstance(expected, (list, tuple)):
-        return (
-            type(expected) is type(actual)
-            and len(expected) == len(actual)
-            and all(same_objects(e, a) for e, a in zip(expected, actual, strict=True))
-        )
-    return bool(expected == actual)
+    return same_value(actual, expected)
 
 
 def same_reductions(expected: Mapping[str, torch.Tensor], actual: Mapping[str, torch.Tensor]) -> bool:

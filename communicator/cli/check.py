@@ -46,6 +46,7 @@ import torch
 
 from communicator.base import Communicator
 from communicator.config import CommConfig
+from communicator.equality import same_value
 from communicator.errors import CommError, CommTimeoutError, ConfigError, NotMemberError, PeerLostError, RemoteError
 from communicator.ops import REDUCE_OPS
 
@@ -216,25 +217,8 @@ def _expect_tensors(got: object, want: Sequence[torch.Tensor], what: str) -> Non
         _expect_tensor(mine, theirs, f"{what}[{index}]")
 
 
-def _same(got: object, want: object) -> bool:
-    """Equal values, with arrays and tensors compared by dtype and content."""
-    if isinstance(want, torch.Tensor):
-        return isinstance(got, torch.Tensor) and got.dtype == want.dtype and torch.equal(got, want)
-    if isinstance(want, np.ndarray):
-        return isinstance(got, np.ndarray) and got.dtype == want.dtype and np.array_equal(got, want)
-    if isinstance(want, dict):
-        return isinstance(got, dict) and got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
-    if isinstance(want, (list, tuple)):
-        return (
-            type(got) is type(want)
-            and len(got) == len(want)
-            and all(_same(a, b) for a, b in zip(got, want, strict=True))
-        )
-    return type(got) is type(want) and got == want
-
-
 def _expect_same(got: object, want: object, what: str) -> None:
-    _expect(_same(got, want), f"{what}: got {_short(got)}, expected {_short(want)}")
+    _expect(same_value(got, want), f"{what}: got {_short(got)}, expected {_short(want)}")
 
 
 # -- the checks: communicate, then compare with the expected value ------------------------------------
@@ -544,7 +528,7 @@ def _sync_random_seed(comm: Communicator, n: int) -> None:
     seeds = comm.all_gather_object(drawn)
     _expect(len(set(seeds)) == 1, f"sync_random_seed() gave different seeds on different ranks: {seeds}")
     _expect(given == 1234, f"sync_random_seed(1234 + rank) gave {given}, expected rank 0's 1234")
-    same = before[0] == after[0] and _same(list(after[1]), list(before[1])) and torch.equal(before[2], after[2])
+    same = before[0] == after[0] and same_value(list(after[1]), list(before[1])) and torch.equal(before[2], after[2])
     _expect(same, "sync_random_seed changed the global Python, NumPy or torch RNG state")
 
 
