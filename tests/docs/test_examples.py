@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from doc_snippets import DOCS, ROOT, pages
-from test_snippets import clean_env
+from test_snippets import clean_env, torchrun_command
 
 EXAMPLES = sorted((DOCS / "examples").glob("*.py"))
 EXAMPLE_TIMEOUT = 300
@@ -57,24 +56,7 @@ def test_example_runs(path: Path, tmp_path: Path) -> None:
 @pytest.mark.timeout(EXAMPLE_TIMEOUT + 60)
 def test_train_ddp_under_torchrun(tmp_path: Path) -> None:
     """The DDP example also runs with each process one rank of a launcher's job."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(port),
-        str(DOCS / "examples" / "train_ddp.py"),
-    ]
-    result = run(command, cwd=tmp_path)
+    result = run(torchrun_command(2, str(DOCS / "examples" / "train_ddp.py")), cwd=tmp_path)
     assert "in one process" in result.stdout
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,25 +10,19 @@ from pathlib import Path
 import pytest
 from doc_snippets import ROOT, Snippet, all_snippets, pages, snippets, stray_python_fences
 
+from communicator.launchers import LAUNCHERS
+from communicator.spawn import free_port
+
 SNIPPETS = [s for s in all_snippets() if not s.is_include]
 SCRIPT_TIMEOUT = 240
 
 # Launcher variables of an enclosing job must not leak into the snippets' own runs.
+_LAUNCHER_VARIABLES = {name for launcher in LAUNCHERS for name in launcher.variables}
 _LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MV2_", "MPI_LOCAL", "TORCHELASTIC_", "COMMUNICATOR_")
-_LAUNCHER_NAMES = {
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "NODE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-}
 
 
 def clean_env(extra_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_NAMES and not k.startswith(_LAUNCHER_PREFIXES)}
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES and not k.startswith(_LAUNCHER_PREFIXES)}
     env["PYTHONPATH"] = os.pathsep.join([str(extra_path), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["OMP_NUM_THREADS"] = "1"
     return env
@@ -45,10 +38,22 @@ def page_dir(snippet: Snippet, tmp_path_factory: pytest.TempPathFactory) -> Path
     return directory
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def torchrun_command(nproc: int | str, script: str) -> list[str]:
+    """torchrun on this machine, at a free port, for ``script``."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        script,
+    ]
 
 
 def run_script(command: list[str], cwd: Path, what: str) -> None:
@@ -74,22 +79,7 @@ def run_mode(snippet: Snippet, mode: str, directory: Path, monkeypatch: pytest.M
         run_script([sys.executable, script.name], directory, f"python {snippet.id}")
     elif mode.startswith("torchrun "):
         script.write_text(snippet.code)
-        nproc = mode.split()[1]
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            nproc,
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            script.name,
-        ]
-        run_script(command, directory, f"torchrun {snippet.id}")
+        run_script(torchrun_command(mode.split()[1], script.name), directory, f"torchrun {snippet.id}")
     elif mode == "pytest":
         test_file = directory / f"test_snippet_{snippet.line}.py"
         test_file.write_text(snippet.code)
