@@ -1,7 +1,8 @@
 """communicator: one object for distributed PyTorch code.
 
 ``with Communicator.create(cfg) as comm:`` gives a :class:`NonDistComm` in one process and a
-:class:`TorchComm` under torchrun, Slurm or MPI, so code that receives ``comm`` has no branches.
+:class:`TorchComm` under torchrun, Slurm or MPI (and a :class:`SubgroupComm` for some of its ranks), so
+code that receives ``comm`` has no branches.
 """
 
 from communicator.base import Communicator
@@ -12,13 +13,15 @@ from communicator.errors import (
     CommTimeoutError,
     ConfigError,
     NotMemberError,
+    PeerClosedError,
     PeerLostError,
     RemoteError,
 )
 from communicator.handles import Handle
 from communicator.nondist import NonDistComm
+from communicator.nonmember import NonMemberComm
 from communicator.spawn import launch
-from communicator.torch_comm import TorchComm
+from communicator.torch_comm import SubgroupComm, TorchComm
 
 __version__ = "0.1.0"
 
@@ -31,9 +34,12 @@ __all__ = [
     "ConfigError",
     "Handle",
     "NonDistComm",
+    "NonMemberComm",
     "NotMemberError",
+    "PeerClosedError",
     "PeerLostError",
     "RemoteError",
+    "SubgroupComm",
     "TorchComm",
     "__version__",
     "launch",

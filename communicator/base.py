@@ -1,41 +1,59 @@
-"""`Communicator`: the one object distributed code talks through.
+"""`Communicator`: the one object distributed code talks through, and the specification of every
+communicator.
 
-The abstract class declares the primitives (rank queries, barrier, tensor collectives, raw byte
-exchange) and writes everything else once on top of them: object collectives, dict reduction,
-result collection, seed synchronisation and the helpers for rank-0-only work.
+A subclass implements a handful of primitives; everything public is written here once, on top of
+them: argument checks, the guard (closed and non-member communicators, sequence numbers, failure
+signalling, debug fingerprints, use from two threads), device and inference-mode handling, the
+finishing step (mean division, write-back), uneven gathers, object collectives, dict reduction,
+result collection, seed synchronisation and subgroups.
+
+======================  ===================================================================
+primitives (abstract)   ``rank``, ``world_size``, ``_barrier``, ``_all_reduce``, ``_broadcast``,
+                        ``_all_gather`` (equal shapes), ``_isend``, ``_irecv``, ``_create_groups``
+optional fast paths     ``_reduce``, ``_reduce_scatter``, ``_object_channel``, ``_wait``, the
+                        topology and ``backend`` / ``device`` / ``global_ranks`` properties
+derived (written here)  every public method
+======================  ===================================================================
 """
 
 from __future__ import annotations
 
 import abc
+import atexit
 import contextlib
 import functools
-import random
+import json
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, ParamSpec, TypeVar
+from typing import Any, ClassVar, Literal, ParamSpec, TypeVar, overload
 
 import numpy as np
 import torch
 
-from communicator.config import CommConfig, ConfigLike
-from communicator.dicts import all_reduce_dict
-from communicator.errors import CollectiveMismatchError, CommError, ConfigError, RemoteError, RemoteFailure
-from communicator.guard import collective, fingerprint
-from communicator.ops import ReduceOpLike
-from communicator.records import (
-    RECORD_BYTES,
-    Record,
-    check_records,
-    empty_record,
-    failure_record,
-    forwarded_record,
-    frame_record,
+from communicator import dicts, shapes, splits
+from communicator import objects as protocol
+from communicator.arguments import (
+    TRANSFER_TAG,
+    check_grid,
+    check_members,
+    check_peer,
+    check_rank,
+    check_split,
+    check_tag,
+    check_tensor,
+    check_tensors,
 )
-from communicator.results import collect_results
-from communicator.serialization import Codec, make_codec, pack_frame, receive_device, unpack_frame
-
-if TYPE_CHECKING:
-    from communicator.handles import Handle
+from communicator.config import CommConfig, ConfigLike, Timeout, seconds
+from communicator.errors import CommError, ConfigError, RemoteError, RemoteFailure
+from communicator.factory import SINGLE, decide
+from communicator.fingerprints import check_fingerprints, fingerprint
+from communicator.guard import CallState, Spec, collective, guarded
+from communicator.handles import DONE, Handle, Work
+from communicator.ops import ReduceOpLike, check_op_dtype, divide_exactly, is_floating, parse_op
+from communicator.results import check_arguments, merge_parts
+from communicator.seeds import draw_seed, rng_digest
+from communicator.serialization import Codec, make_codec
+from communicator.tensors import editing, stage, write_back
 
 __all__ = ["Communicator"]
 
@@ -43,6 +61,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 P = ParamSpec("P")
 CommT = TypeVar("CommT", bound="Communicator")
+Tensor = torch.Tensor
 
 
 class Communicator(abc.ABC):
@@ -56,24 +75,42 @@ class Communicator(abc.ABC):
     Gathers return a list on the destination and ``None`` elsewhere. Every rank argument (``src``,
     ``dst``, ``peer``) and ``rank`` itself count inside this communicator.
 
-    Create one with :meth:`create` (which picks the class) and use it as a context manager::
+    A communicator's operations are issued by one thread at a time; a second thread calling while
+    an operation runs gets a :class:`~communicator.errors.CommError` at once.
 
-        with Communicator.create() as comm:
-            total = comm.all_reduce(torch.tensor([1.0]))
+    Create one with :meth:`create` (which picks the class) and use it as a context manager:
+
+    ```python
+    with Communicator.create() as comm:
+        total = comm.all_reduce(torch.tensor([1.0]))
+    ```
     """
 
     _registry: ClassVar[dict[str, type[Communicator]]] = {}
-    # Communicators whose ``with`` block is open, innermost last (see ``current()``).
-    _active: ClassVar[list[Communicator]] = []
+    _active: ClassVar[list[Communicator]] = []  # communicators whose ``with`` block is open, innermost last
+    _specs: ClassVar[dict[str, Spec]] = {}  # every guarded public operation, by name
+    _open: ClassVar[weakref.WeakSet[Communicator]] = weakref.WeakSet()  # closed at exit if still open
+    _exiting: ClassVar[bool] = False  # set while the interpreter closes what was left open
 
     def __init__(self, config: CommConfig | None = None) -> None:
         self.config: CommConfig = config if config is not None else CommConfig()
         self._codec: Codec = make_codec(self.config.serializer, self.config.trusted)
-        self._reason: str = ""
+        self._reason = ""
+        self._calls = CallState()  # the guard's: see communicator.guard
         self._closed = False
-        self._seq = 0  # collectives entered so far; the same on every rank of a correct program
-        self._depth = 0  # > 0 while inside a collective (nested public calls are not counted)
-        self._launched = False  # whether the current collective has started communicating
+        self._children: list[Communicator] = []
+        self._local: Communicator | None = None
+        self._port: protocol.Port | None = None
+        self._seeds_drawn = 0
+        Communicator._open.add(self)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Guard a subclass's overrides of public operations too: it cannot forget the guard."""
+        super().__init_subclass__(**kwargs)
+        for name, spec in Communicator._specs.items():
+            method = cls.__dict__.get(name)
+            if callable(method) and not hasattr(method, "__collective__"):
+                setattr(cls, name, guarded(method, spec))
 
     # -- creation and lifecycle ------------------------------------------------------------
 
@@ -82,23 +119,23 @@ class Communicator(abc.ABC):
         """Build the right communicator for this process.
 
         ``cfg`` is a :class:`~communicator.config.CommConfig`, a mapping of its fields (mmengine's
-        ``port`` is accepted) or ``None`` (read ``COMMUNICATOR_*`` variables). The choice:
-        a registered ``type`` builds that class; ``launcher="none"`` gives a
-        :class:`~communicator.nondist.NonDistComm`; an initialised ``torch.distributed`` is adopted
-        (not destroyed on close); launcher variables (torchrun, MPI, Slurm) start and own a group;
-        otherwise a single process. ``describe()`` says which and why.
+        ``port`` is accepted) or ``None`` (read ``COMMUNICATOR_*`` variables). The choice, which
+        ``describe()`` and ``communicator info`` explain: a registered ``type`` builds that class;
+        ``launcher="none"`` gives a :class:`~communicator.nondist.NonDistComm`; an initialised
+        ``torch.distributed`` is adopted (not destroyed on close); launcher variables (torchrun,
+        MPI, Slurm) start and own a group; otherwise a single process.
         """
-        from communicator.factory import create
-
-        return create(cfg)
+        config = CommConfig.of(cfg)
+        decision = decide(config, Communicator._registry)
+        comm = Communicator._registry[decision.type].from_config(config)
+        if decision.type == SINGLE:
+            comm._reason = decision.reason
+        return comm
 
     @classmethod
     def register(cls, name: str) -> Callable[[type[CommT]], type[CommT]]:
-        """Class decorator: ``Communicator.create({"type": name, ...})`` then builds the class.
-
-        The class is built with ``from_config(config)``, by default ``cls(config)``. Registering a
-        name again replaces the earlier class.
-        """
+        """Class decorator: ``Communicator.create({"type": name, ...})`` then builds the class
+        with its ``from_config(config)``. Registering a name again replaces the earlier class."""
         if not isinstance(name, str) or not name:
             raise ConfigError(f"register() needs a non-empty name, got {name!r}")
 
@@ -117,7 +154,11 @@ class Communicator(abc.ABC):
 
     @classmethod
     def from_config(cls, config: CommConfig) -> Communicator:
-        """Build an instance for ``create({"type": ...})``; override to read ``config.options``."""
+        """Build an instance for ``create({"type": ...})``: by default ``cls(config)``.
+
+        ``TorchComm`` and ``NonDistComm`` override it, so that their subclasses are built the way
+        ``create`` builds them; override it to read ``config.options``.
+        """
         return cls(config)
 
     def __enter__(self: CommT) -> CommT:
@@ -125,9 +166,7 @@ class Communicator(abc.ABC):
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
-        if self in Communicator._active:
-            Communicator._active.remove(self)
-        self._release(failed=exc is not None, error=exc)
+        self._close(exc)
 
     @classmethod
     def current(cls) -> Communicator | None:
@@ -135,18 +174,30 @@ class Communicator(abc.ABC):
         return Communicator._active[-1] if Communicator._active else None
 
     def close(self) -> None:
-        """Release what this communicator created. Safe to call twice."""
+        """Release what this communicator created, its subgroups first. Safe to call twice."""
+        self._close(None)
+
+    def _close(self, error: BaseException | None) -> None:
         if self in Communicator._active:
             Communicator._active.remove(self)
-        self._release(failed=False, error=None)
-
-    def _release(self, failed: bool, error: BaseException | None) -> None:
-        """Tear down what this object created; when ``failed``, without any collective."""
+        if self._closed:
+            return
         self._closed = True
+        Communicator._open.discard(self)
+        self._calls.refusal = _closed_error
+        try:
+            for child in reversed(self._children):
+                child._close(error)
+        finally:
+            self._teardown(error)
+
+    def _teardown(self, error: BaseException | None) -> None:  # noqa: B027 - optional hook
+        """Release what this object created; after ``error`` (leaving a block on an exception),
+        without any collective, since a peer may be gone."""
 
     @property
     def closed(self) -> bool:
-        """Whether ``close()`` has run (then every collective raises ``CommError``)."""
+        """Whether ``close()`` has run (then every operation raises ``CommError``)."""
         return self._closed
 
     def describe(self) -> str:
@@ -173,58 +224,51 @@ class Communicator(abc.ABC):
         """The number of ranks in the communicator."""
 
     @property
-    @abc.abstractmethod
     def local_rank(self) -> int:
-        """This process's index among the processes of its node."""
+        """This process's index among the processes of its node (default: one node, the rank)."""
+        return self.rank
 
     @property
-    @abc.abstractmethod
     def local_size(self) -> int:
-        """The number of processes on this node."""
+        """The number of processes on this node (default: one node, the world size)."""
+        return self.world_size
 
     @property
-    @abc.abstractmethod
     def node_rank(self) -> int:
-        """The index of this process's node."""
+        """The index of this process's node (default: 0)."""
+        return 0
 
     @property
-    @abc.abstractmethod
     def num_nodes(self) -> int:
-        """The number of nodes in the job."""
+        """The number of nodes in the job (default: 1)."""
+        return 1
 
     @property
-    @abc.abstractmethod
     def backend(self) -> str:
-        """The backend name (``"gloo"``, ``"nccl"``, ``"mpi"``, or ``"none"`` for one process)."""
+        """The transport's name (``"gloo"``, ``"nccl"``, ``"mpi"``, ``"none"`` for one process)."""
+        return type(self).__name__.lower()
 
     @property
-    @abc.abstractmethod
     def device(self) -> torch.device:
-        """The device tensors use for communication."""
+        """The device tensors are moved to for communication (default: the CPU)."""
+        return torch.device("cpu")
 
     @property
-    @abc.abstractmethod
     def global_ranks(self) -> tuple[int, ...]:
         """The world rank of each rank of this communicator, in this communicator's order."""
+        return tuple(range(self.world_size))
+
+    @property
+    def is_member(self) -> bool:
+        """Whether this process belongs to the communicator (see :class:`~communicator.nonmember.NonMemberComm`)."""
+        return True
 
     def to_global(self, rank: int) -> int:
-        """The world rank of this communicator's ``rank``.
-
-        Example::
-
-            # sub = comm.new_group([3, 1]) on 4 ranks
-            sub.to_global(0)                    # 3
-        """
-        return self.global_ranks[self._check_rank("rank", rank)]
+        """The world rank of this communicator's ``rank``; e.g. ``new_group([3, 1]).to_global(0) == 3``."""
+        return self.global_ranks[check_rank("rank", rank, self.world_size)]
 
     def to_local(self, global_rank: int) -> int:
-        """This communicator's rank for world rank ``global_rank`` (``ValueError`` if not a member).
-
-        Example::
-
-            # sub = comm.new_group([3, 1]) on 4 ranks
-            sub.to_local(1)                     # 1
-        """
+        """This communicator's rank for world rank ``global_rank``; ``ValueError`` if not a member."""
         if global_rank not in self.global_ranks:
             raise ValueError(
                 f"world rank {global_rank} is out of range: not a member of this communicator "
@@ -234,7 +278,7 @@ class Communicator(abc.ABC):
 
     @property
     def is_distributed(self) -> bool:
-        """Whether the communicator is backed by a ``torch.distributed`` group."""
+        """Whether the communicator spans processes (``False`` for a single process's)."""
         return True
 
     @property
@@ -247,155 +291,498 @@ class Communicator(abc.ABC):
         """``(rank, world_size)``."""
         return self.rank, self.world_size
 
-    # -- primitives: barrier and tensor collectives ----------------------------------------
+    # -- primitives: what a communicator implements ---------------------------------------------
 
     @abc.abstractmethod
-    def barrier(self, timeout: float | None = None) -> None:
-        """Wait until every rank arrives. ``timeout`` (seconds) overrides the communicator's.
+    def _barrier(self) -> Work:
+        """Start a barrier across every rank."""
 
-        With a ``timeout`` the barrier goes through the rendezvous store, so that every rank can
-        name the ranks that did not arrive.
+    @abc.abstractmethod
+    def _all_reduce(self, tensor: torch.Tensor, op: str) -> Work:
+        """Start reducing ``tensor`` in place with ``op`` (sum, product, min, max, band, bor, bxor).
+
+        ``tensor`` is contiguous, on ``self.device``; the mean is a sum divided afterwards.
+        """
+
+    @abc.abstractmethod
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> Work:
+        """Start copying rank ``src``'s ``tensor`` into every rank's ``tensor``."""
+
+    @abc.abstractmethod
+    def _all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> Work:
+        """Start filling ``outputs[r]`` with rank ``r``'s ``tensor``; every rank's has the same shape."""
+
+    @abc.abstractmethod
+    def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+        """Start sending ``tensor`` to rank ``dst``; messages between two ranks with one tag keep their order."""
+
+    @abc.abstractmethod
+    def _irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+        """Start receiving into ``tensor`` (its size is known) from rank ``src``."""
+
+    @abc.abstractmethod
+    def _create_groups(self, groups: list[list[int]]) -> Communicator:
+        """Create a communicator for each group (lists of this communicator's ranks, in the new
+        ranks' order; every rank passes the same lists) and return this rank's; a rank in none of
+        them gets ``NonMemberComm.outside(self, groups)``."""
+
+    # -- optional fast paths and hooks ---------------------------------------------------------
+
+    def _reduce(self, tensor: torch.Tensor, dst: int, op: str) -> Work:
+        """Start reducing into ``tensor`` on ``dst``; other ranks' ``tensor`` is scratch. Default: an all-reduce."""
+        return self._all_reduce(tensor, op)
+
+    def _reduce_scatter(self, output: torch.Tensor, inputs: list[torch.Tensor], op: str) -> Work:
+        """Reduce ``inputs[r]`` across ranks into rank ``r``'s ``output`` (equal shapes per index).
+
+        Default: one all-reduce of every input, waited on here.
+        """
+        flat = torch.cat([t.reshape(-1) for t in inputs])
+        self._wait([self._all_reduce(flat, op)])
+        start = sum(t.numel() for t in inputs[: self.rank])
+        output.copy_(flat[start : start + output.numel()].reshape(output.shape))
+        return DONE
+
+    def _object_channel(self) -> protocol.Channel:
+        """How object bytes travel (default: over the tensor primitives, as uint8 CPU tensors)."""
+        return protocol.PrimitiveChannel(
+            self.rank, self.world_size, self._all_gather, self._broadcast, self._isend, self._irecv, self._wait
+        )
+
+    def _wait(self, works: Sequence[Work], timeout: float | None = None) -> None:
+        """Finish ``works``; ``timeout`` (seconds) overrides the communicator's. Default: ``wait()`` each."""
+        for work in works:
+            work.wait()
+
+    def _launch_failed(self, error: RuntimeError) -> CommError:
+        """The error to raise when a primitive refuses to start (default: a ``CommError`` with its text)."""
+        text = str(error).splitlines()
+        return CommError(f"{self._calls.op} failed on rank {self.rank}: {text[0] if text else type(error).__name__}")
+
+    def _timed_barrier(self, timeout: float) -> None:
+        """A barrier of at most ``timeout`` seconds (default: the primitive's, waited on with the timeout)."""
+        self._wait([self._barrier()], timeout)
+
+    def _announce_bad_arguments(self, error: BaseException, what: str) -> None:  # noqa: B027 - optional hook
+        """Tell the other ranks that this rank refused its arguments (peers may already be waiting)."""
+
+    def _announce_failure(self, error: BaseException, where: str) -> None:  # noqa: B027 - optional hook
+        """Tell the other ranks that this rank failed for good (the communicator is then unusable)."""
+
+    def _patient_barrier(self, timeout: float | None) -> None:
+        """A barrier that may wait ``timeout`` seconds (``None``: forever) instead of the comm's timeout."""
+        self._timed_barrier(timeout if timeout is not None else self.config.timeout.total_seconds())
+
+    # -- the machinery every operation shares ---------------------------------------------------
+
+    def _stage(self, tensor: torch.Tensor) -> torch.Tensor:
+        return stage(tensor, self.device)
+
+    def _launch_into(self, tensor: Tensor, start: Callable[..., Work], *args: Any) -> Work:
+        """``_launch`` of a primitive that writes into ``tensor``: where autograd does not record when it
+        is a leaf that requires grad, and in inference mode when it is an inference tensor."""
+        if tensor.requires_grad or tensor.is_inference():
+            with editing(tensor):
+                return self._launch(start, tensor, *args)
+        return self._launch(start, tensor, *args)
+
+    def _launch(self, start: Callable[..., Work], *args: Any) -> Work:
+        """Start a primitive; from here on, peers may be waiting in this operation."""
+        self._calls.launched = True
+        try:
+            return start(*args)
+        except CommError:
+            raise
+        except RuntimeError as error:
+            raise self._launch_failed(error) from error
+
+    @overload
+    def _complete(self, works: Sequence[Work], finish: Callable[[], T], async_op: Literal[False]) -> T: ...
+
+    @overload
+    def _complete(self, works: Sequence[Work], finish: Callable[[], T], async_op: bool) -> T | Handle[T]: ...
+
+    def _complete(self, works: Sequence[Work], finish: Callable[[], T], async_op: bool) -> T | Handle[T]:
+        if async_op:
+            return Handle(works, finish, self._wait)
+        self._wait(works)
+        return finish()
+
+    def _objects(self) -> protocol.Port:
+        """The object protocol's view of this communicator; using it starts communicating."""
+        self._calls.launched = True
+        if self._port is None:
+            receive = self.device if self.device.type != "cpu" else None
+            self._port = protocol.Port(self._object_channel(), self._codec, receive)
+        return self._port
+
+    def _compare_fingerprints(self, op: str, arguments: Mapping[str, Any]) -> None:
+        """Debug mode: every rank shows its call; any difference raises on every rank."""
+        mine = json.dumps(fingerprint(op, self._calls.seq, arguments)).encode()
+        check_fingerprints([json.loads(side) for side in protocol.all_gather_bytes(self._objects().channel, mine)])
+        self._calls.launched = False  # the operation itself has not started
+
+    def _metas(self, record: np.ndarray) -> list[shapes.Meta]:
+        """Every rank's tensor record (see :mod:`communicator.shapes`), in rank order."""
+        metas = [shapes.read(row) for row in self._objects().channel.all_gather(record)]
+        shapes.agree(metas, self._calls.op)
+        return metas
+
+    def _transfers(self, sends: Mapping[int, torch.Tensor], recvs: Mapping[int, torch.Tensor]) -> list[Work]:
+        """Point-to-point transfers of the library's own (receives first, on the library's tag)."""
+        works = [self._launch(self._irecv, t, r, TRANSFER_TAG) for r, t in recvs.items()]
+        return works + [self._launch(self._isend, t, r, TRANSFER_TAG) for r, t in sends.items()]
+
+    # -- barrier and tensor collectives --------------------------------------------------------
+
+    @collective()
+    def barrier(self, timeout: Timeout | None = None) -> None:
+        """Wait until every rank arrives; ``timeout`` (seconds or a ``timedelta``) overrides the comm's.
 
         Raises:
             CommTimeoutError: naming the ranks that did not arrive, where the backend can tell.
         """
+        limit = seconds(timeout)
+        if limit is None:
+            self._wait([self._launch(self._barrier)])
+        else:
+            self._calls.launched = True
+            self._timed_barrier(limit)
 
-    @abc.abstractmethod
-    def all_reduce(self, tensor: torch.Tensor, op: ReduceOpLike = "sum", async_op: bool = False) -> Any:
+    def _reduction(self, tensor: Tensor, op: ReduceOpLike, dst: int | None, async_op: bool) -> Tensor | Handle[Tensor]:
+        """``all_reduce`` (``dst=None``) and ``reduce``: one path, so both finish the same way."""
+        tensor = check_tensor("tensor", tensor)
+        name = parse_op(op)
+        check_op_dtype(name, tensor.dtype)
+        staged = self._stage(tensor)
+        if dst is not None and self.rank != dst and staged is tensor:
+            with editing(tensor):
+                staged = tensor.clone()  # a backend may leave partial results on other ranks
+        exact = name == "mean" and not is_floating(tensor.dtype)  # every rank sees the sum, so all decide alike
+        keep = staged.clone() if exact else staged
+        wire_op = "sum" if name == "mean" else name
+        everywhere = dst is None or exact
+        if everywhere:
+            work = self._launch_into(staged, self._all_reduce, wire_op)
+        else:
+            work = self._launch_into(staged, self._reduce, dst, wire_op)
+        world, receives = self.world_size, dst is None or self.rank == dst
+
+        def finish() -> Tensor:
+            if name == "mean" and (receives or exact):
+                with editing(tensor, staged):
+                    divide_exactly(staged, world, keep)
+            if receives:
+                write_back(tensor, staged)
+            return tensor
+
+        return self._complete([work], finish, async_op)
+
+    @overload
+    def all_reduce(self, tensor: Tensor, op: ReduceOpLike = ..., async_op: Literal[False] = ...) -> Tensor: ...
+    @overload
+    def all_reduce(self, tensor: Tensor, op: ReduceOpLike = ..., *, async_op: Literal[True]) -> Handle[Tensor]: ...
+    @overload
+    def all_reduce(self, tensor: Tensor, op: ReduceOpLike, async_op: bool) -> Tensor | Handle[Tensor]: ...
+    @collective("tensor", "op")
+    def all_reduce(self, tensor: Tensor, op: ReduceOpLike = "sum", async_op: bool = False) -> Tensor | Handle[Tensor]:
         """Reduce ``tensor`` across ranks in place and return it.
 
-        ``op``: sum, mean, product, min, max, band, bor, bxor (any case) or a ``ReduceOp``.
-        ``mean`` of an integer tensor raises ``TypeError`` (it would truncate).
+        ``op``: sum, mean, product, min, max, band, bor, bxor (any case) or a ``ReduceOp``. The
+        ``mean`` of an integer tensor is exact or an error: when the sum divides by the world size
+        (identical counters always do) the tensor holds the mean, otherwise ``ValueError`` is raised
+        on every rank and the tensor keeps its values.
 
-        Example::
-
+        Example:
+            ```python
             # rank 0: t = tensor([1., 2.])      rank 1: t = tensor([3., 4.])
             comm.all_reduce(t)                  # both ranks: tensor([4., 6.])
+            comm.all_reduce(t, op="mean")       # both ranks: tensor([4., 6.]) (the mean of equal values)
             # one process: t unchanged
+            ```
         """
+        return self._reduction(tensor, op, None, async_op)
 
-    @abc.abstractmethod
-    def all_gather(self, tensor: torch.Tensor, async_op: bool = False) -> Any:
-        """Every rank's tensor, in rank order; shapes may differ (same ndim and dtype).
-
-        Example::
-
-            # rank 0: tensor([1])               rank 1: tensor([2, 3])
-            comm.all_gather(t)                  # both: [tensor([1]), tensor([2, 3])]
-            # one process: [t]
-        """
-
-    @abc.abstractmethod
-    def gather(self, tensor: torch.Tensor, dst: int = 0, async_op: bool = False) -> Any:
-        """Every rank's tensor on ``dst`` (a list in rank order), ``None`` elsewhere; shapes may differ.
-
-        Example::
-
-            # rank 0: tensor([1])               rank 1: tensor([2])
-            comm.gather(t, dst=1)               # rank 0: None   rank 1: [tensor([1]), tensor([2])]
-        """
-
-    @abc.abstractmethod
-    def broadcast(self, tensor: torch.Tensor, src: int = 0, async_op: bool = False) -> Any:
-        """Copy ``src``'s tensor into ``tensor`` on every rank, in place, and return it.
-
-        Example::
-
-            # rank 0: tensor([7])               rank 1: tensor([0])
-            comm.broadcast(t, src=0)            # both: tensor([7])
-        """
-
-    @abc.abstractmethod
-    def reduce(self, tensor: torch.Tensor, dst: int = 0, op: ReduceOpLike = "sum", async_op: bool = False) -> Any:
+    @overload
+    def reduce(
+        self, tensor: Tensor, dst: int = ..., op: ReduceOpLike = ..., async_op: Literal[False] = ...
+    ) -> Tensor: ...
+    @overload
+    def reduce(
+        self, tensor: Tensor, dst: int = ..., op: ReduceOpLike = ..., *, async_op: Literal[True]
+    ) -> Handle[Tensor]: ...
+    @overload
+    def reduce(self, tensor: Tensor, dst: int, op: ReduceOpLike, async_op: bool) -> Tensor | Handle[Tensor]: ...
+    @collective("tensor", "dst", "op")
+    def reduce(
+        self, tensor: Tensor, dst: int = 0, op: ReduceOpLike = "sum", async_op: bool = False
+    ) -> Tensor | Handle[Tensor]:
         """Reduce into ``tensor`` on ``dst`` (in place); other ranks' tensors are left as they were.
 
-        Example::
-
+        Example:
+            ```python
             # rank 0: tensor([1.])              rank 1: tensor([2.])
             comm.reduce(t, dst=0)               # rank 0: tensor([3.])   rank 1: tensor([2.])
+            ```
         """
+        return self._reduction(tensor, op, check_rank("dst", dst, self.world_size), async_op)
 
-    @abc.abstractmethod
-    def scatter(self, tensors: Sequence[torch.Tensor] | None, src: int = 0, async_op: bool = False) -> Any:
+    @overload
+    def broadcast(self, tensor: Tensor, src: int = ..., async_op: Literal[False] = ...) -> Tensor: ...
+    @overload
+    def broadcast(self, tensor: Tensor, src: int = ..., *, async_op: Literal[True]) -> Handle[Tensor]: ...
+    @overload
+    def broadcast(self, tensor: Tensor, src: int, async_op: bool) -> Tensor | Handle[Tensor]: ...
+    @collective("tensor", "src")
+    def broadcast(self, tensor: Tensor, src: int = 0, async_op: bool = False) -> Tensor | Handle[Tensor]:
+        """Copy ``src``'s tensor into ``tensor`` on every rank, in place, and return it.
+
+        Example:
+            ```python
+            # rank 0: tensor([7])               rank 1: tensor([0])
+            comm.broadcast(t, src=0)            # both: tensor([7])
+            ```
+        """
+        tensor = check_tensor("tensor", tensor)
+        staged = self._stage(tensor)
+        work = self._launch_into(staged, self._broadcast, check_rank("src", src, self.world_size))
+
+        def finish() -> Tensor:
+            write_back(tensor, staged)
+            return tensor
+
+        return self._complete([work], finish, async_op)
+
+    @overload
+    def all_gather(self, tensor: Tensor, async_op: Literal[False] = ...) -> list[Tensor]: ...
+    @overload
+    def all_gather(self, tensor: Tensor, *, async_op: Literal[True]) -> Handle[list[Tensor]]: ...
+    @overload
+    def all_gather(self, tensor: Tensor, async_op: bool) -> list[Tensor] | Handle[list[Tensor]]: ...
+    @collective("tensor:dtype")
+    def all_gather(self, tensor: Tensor, async_op: bool = False) -> list[Tensor] | Handle[list[Tensor]]:
+        """Every rank's tensor, in rank order; shapes may differ (same ndim and dtype).
+
+        Small CPU tensors travel inside the one record every rank sends first; larger ones follow
+        in one more collective (equal shapes) or point to point.
+
+        Example:
+            ```python
+            # rank 0: tensor([1])               rank 1: tensor([2, 3])
+            comm.all_gather(t)                  # both: [tensor([1]), tensor([2, 3])]
+            # one process: [a copy of t]
+            ```
+        """
+        source = self._stage(check_tensor("tensor", tensor))
+        metas = self._metas(shapes.describe(source))
+        outputs = shapes.outputs(metas, source, self.rank, self.device)
+        waiting = {r: outputs[r] for r, m in enumerate(metas) if m.data is None and r != self.rank}
+        if not waiting:
+            works: list[Work] = []
+        elif all(m.data is None and m.shape == source.shape for m in metas):
+            works = [self._launch(self._all_gather, outputs, source)]
+        else:
+            others = [r for r in range(self.world_size) if r != self.rank]
+            works = self._transfers(dict.fromkeys(others, source) if metas[self.rank].data is None else {}, waiting)
+        return self._complete(works, lambda: outputs, async_op)
+
+    @overload
+    def gather(self, tensor: Tensor, dst: int = ..., async_op: Literal[False] = ...) -> list[Tensor] | None: ...
+    @overload
+    def gather(self, tensor: Tensor, dst: int = ..., *, async_op: Literal[True]) -> Handle[list[Tensor] | None]: ...
+    @overload
+    def gather(self, tensor: Tensor, dst: int, async_op: bool) -> list[Tensor] | Handle[list[Tensor] | None] | None: ...
+    @collective("tensor:dtype", "dst")
+    def gather(
+        self, tensor: Tensor, dst: int = 0, async_op: bool = False
+    ) -> list[Tensor] | Handle[list[Tensor] | None] | None:
+        """Every rank's tensor on ``dst`` (a list in rank order), ``None`` elsewhere; shapes may differ.
+
+        Example:
+            ```python
+            # rank 0: tensor([1])               rank 1: tensor([2])
+            comm.gather(t, dst=1)               # rank 0: None   rank 1: [tensor([1]), tensor([2])]
+            ```
+        """
+        source = self._stage(check_tensor("tensor", tensor))
+        dst = check_rank("dst", dst, self.world_size)
+        metas = self._metas(shapes.describe(source))
+        if self.rank != dst:
+            works = self._transfers({dst: source} if metas[self.rank].data is None else {}, {})
+            return self._complete(works, lambda: None, async_op)
+        outputs = shapes.outputs(metas, source, dst, self.device)
+        waiting = {r: outputs[r] for r, m in enumerate(metas) if m.data is None and r != dst}
+        return self._complete(self._transfers({}, waiting), lambda: outputs, async_op)
+
+    @overload
+    def scatter(self, tensors: Sequence[Tensor] | None, src: int = ..., async_op: Literal[False] = ...) -> Tensor: ...
+    @overload
+    def scatter(
+        self, tensors: Sequence[Tensor] | None, src: int = ..., *, async_op: Literal[True]
+    ) -> Handle[Tensor]: ...
+    @overload
+    def scatter(self, tensors: Sequence[Tensor] | None, src: int, async_op: bool) -> Tensor | Handle[Tensor]: ...
+    @collective("src")
+    def scatter(
+        self, tensors: Sequence[Tensor] | None, src: int = 0, async_op: bool = False
+    ) -> Tensor | Handle[Tensor]:
         """Rank ``i`` receives ``tensors[i]`` from ``src``; the others pass ``None``.
 
         Shapes may differ per destination (same ndim and dtype).
 
-        Example::
-
+        Example:
+            ```python
             # rank 0 (src): [tensor([1]), tensor([2])]    rank 1: None
             comm.scatter(ts, src=0)             # rank 0: tensor([1])   rank 1: tensor([2])
+            ```
         """
+        src = check_rank("src", src, self.world_size)
+        sources = (
+            [self._stage(t) for t in check_tensors("tensors", tensors, self.world_size)] if self.rank == src else []
+        )
+        records = [shapes.describe(t) for t in sources] if sources else None
+        meta = shapes.read(self._objects().channel.scatter(records, src, shapes.GATHER_RECORD_BYTES))
+        if self.rank == src:
+            own = shapes.outputs([meta], sources[src], 0, self.device)[0]
+            assert records is not None
+            sends = {r: t for r, t in enumerate(sources) if r != src and shapes.read(records[r]).data is None}
+            return self._complete(self._transfers(sends, {}), lambda: own, async_op)
+        received = shapes.outputs([meta], None, -1, self.device)[0]
+        works = self._transfers({}, {src: received}) if meta.data is None else []
+        return self._complete(works, lambda: received, async_op)
 
-    @abc.abstractmethod
-    def reduce_scatter(self, tensors: Sequence[torch.Tensor], op: ReduceOpLike = "sum", async_op: bool = False) -> Any:
+    @overload
+    def reduce_scatter(
+        self, tensors: Sequence[Tensor], op: ReduceOpLike = ..., async_op: Literal[False] = ...
+    ) -> Tensor: ...
+    @overload
+    def reduce_scatter(
+        self, tensors: Sequence[Tensor], op: ReduceOpLike = ..., *, async_op: Literal[True]
+    ) -> Handle[Tensor]: ...
+    @overload
+    def reduce_scatter(
+        self, tensors: Sequence[Tensor], op: ReduceOpLike, async_op: bool
+    ) -> Tensor | Handle[Tensor]: ...
+    @collective("tensors", "op")
+    def reduce_scatter(
+        self, tensors: Sequence[Tensor], op: ReduceOpLike = "sum", async_op: bool = False
+    ) -> Tensor | Handle[Tensor]:
         """Reduce ``tensors[i]`` across ranks and return the result on rank ``i``.
 
-        Example::
-
+        Example:
+            ```python
             # rank 0: [tensor([1]), tensor([2])]    rank 1: [tensor([10]), tensor([20])]
             comm.reduce_scatter(ts)             # rank 0: tensor([11])   rank 1: tensor([22])
+            ```
         """
+        inputs = [self._stage(t) for t in check_tensors("tensors", tensors, self.world_size)]
+        name = parse_op(op)
+        check_op_dtype(name, inputs[0].dtype)
+        output = torch.empty_like(inputs[self.rank])
+        work = self._launch(self._reduce_scatter, output, inputs, "sum" if name == "mean" else name)
+        world, own = self.world_size, inputs[self.rank]
 
-    @abc.abstractmethod
-    def all_to_all(self, tensors: Sequence[torch.Tensor], async_op: bool = False) -> Any:
+        def finish() -> Tensor:
+            if name == "mean":
+                divide_exactly(output, world, own)
+            return output
+
+        return self._complete([work], finish, async_op)
+
+    @overload
+    def all_to_all(self, tensors: Sequence[Tensor], async_op: Literal[False] = ...) -> list[Tensor]: ...
+    @overload
+    def all_to_all(self, tensors: Sequence[Tensor], *, async_op: Literal[True]) -> Handle[list[Tensor]]: ...
+    @overload
+    def all_to_all(self, tensors: Sequence[Tensor], async_op: bool) -> list[Tensor] | Handle[list[Tensor]]: ...
+    @collective("tensors:len")
+    def all_to_all(self, tensors: Sequence[Tensor], async_op: bool = False) -> list[Tensor] | Handle[list[Tensor]]:
         """Send ``tensors[j]`` to rank ``j``; return what each rank sent here, in rank order.
 
-        Example::
-
+        Example:
+            ```python
             # rank 0: [a0, a1]                  rank 1: [b0, b1]
             comm.all_to_all(ts)                 # rank 0: [a0, b0]   rank 1: [a1, b1]
+            ```
         """
+        inputs = [self._stage(t) for t in check_tensors("tensors", tensors, self.world_size)]
+        record = np.concatenate([shapes.describe(t, shapes.META_BYTES) for t in inputs])
+        incoming = shapes.addressed_to(self._objects().channel.all_gather(record), self.rank, "all_to_all")
+        outputs = shapes.outputs(incoming, inputs[self.rank], self.rank, self.device)
+        others = [r for r in range(self.world_size) if r != self.rank]
+        works = self._transfers({r: inputs[r] for r in others}, {r: outputs[r] for r in others})
+        return self._complete(works, lambda: outputs, async_op)
 
-    @abc.abstractmethod
+    # -- point to point ------------------------------------------------------------------------
+
+    @collective(p2p=True)
+    def isend(self, tensor: Tensor, dst: int, tag: int = 0) -> Handle[None]:
+        """Start sending ``tensor`` to rank ``dst``; ``wait()`` the handle before reusing the tensor."""
+        tensor = check_tensor("tensor", tensor)
+        dst, tag = check_peer("dst", dst, self.rank, self.world_size), check_tag(tag)
+        work = self._launch(self._isend, self._stage(tensor), dst, tag)
+        return Handle([work], lambda: None, self._wait)
+
+    @collective(p2p=True)
+    def irecv(self, tensor: Tensor, src: int, tag: int = 0) -> Handle[Tensor]:
+        """Start receiving into ``tensor`` from rank ``src``; ``wait()`` returns the filled tensor."""
+        tensor = check_tensor("tensor", tensor)
+        src, tag = check_peer("src", src, self.rank, self.world_size), check_tag(tag)
+        staged = self._stage(tensor)
+        work = self._launch_into(staged, self._irecv, src, tag)
+
+        def finish() -> torch.Tensor:
+            write_back(tensor, staged)
+            return tensor
+
+        return Handle([work], finish, self._wait)
+
+    @collective(p2p=True)
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         """Send ``tensor`` to rank ``dst`` (blocking). The receiver needs the same shape and dtype."""
+        self.isend(tensor, dst, tag).wait()
 
-    @abc.abstractmethod
+    @collective(p2p=True)
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
         """Receive into ``tensor`` from rank ``src`` (blocking) and return it."""
+        return self.irecv(tensor, src, tag).wait()
 
-    @abc.abstractmethod
-    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> Handle[None]:
-        """Start sending ``tensor`` to ``dst``; the handle's ``wait()`` finishes it."""
+    # -- subgroups ----------------------------------------------------------------------------
 
-    @abc.abstractmethod
-    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> Handle[torch.Tensor]:
-        """Start receiving into ``tensor`` from ``src``; ``wait()`` returns the tensor."""
+    def _subgroup(self, groups: list[list[int]]) -> Communicator:
+        comm = self._create_groups(groups)
+        self._children.append(comm)
+        return comm
 
-    # -- groups ---------------------------------------------------------------------------------
-
-    @abc.abstractmethod
+    @collective("ranks")
     def new_group(self, ranks: Sequence[int]) -> Communicator:
-        """A communicator over ``ranks`` of this one (in the order given); every rank calls it.
+        """A communicator over ``ranks`` (ranks of this communicator, in the new ranks' order).
 
-        Ranks outside ``ranks`` get a communicator whose collectives raise ``NotMemberError``.
-        Groups are created once and cached; closing this communicator closes them.
+        Every rank calls it with the same list; the others get a :class:`~communicator.nonmember.NonMemberComm`.
 
-        Example::
-
+        Example:
+            ```python
             # 4 ranks
-            pair = comm.new_group([3, 1])       # world rank 3 is pair.rank 0, world rank 1 is pair.rank 1
+            sub = comm.new_group([3, 1])        # ranks 3 and 1: rank 0 and 1 of sub
+            ```
         """
+        members = check_members(ranks, self.world_size)
+        splits.same_members(self.all_gather_object(members))
+        return self._subgroup([members])
 
-    @abc.abstractmethod
+    @collective()
     def split(self, color: int | None, key: int | None = None) -> Communicator:
-        """MPI ``Comm_Split``: ranks with the same ``color`` form a group, ordered by ``key`` then rank.
+        """MPI's split: ranks passing the same ``color`` form a communicator, ordered by ``key``
+        (default: their rank); ``color=None`` joins none (a :class:`~communicator.nonmember.NonMemberComm`).
 
-        ``color=None`` joins no group (the result's collectives raise ``NotMemberError``).
-
-        Example::
-
-            # ranks 0..3
-            half = comm.split(color=comm.rank // 2)   # ranks 0,1 -> group A; 2,3 -> group B
-            half.rank                                 # rank 0: 0, rank 1: 1, rank 2: 0, rank 3: 1
+        Example:
+            ```python
+            # 4 ranks
+            half = comm.split(color=comm.rank // 2)   # ranks 0,1 and ranks 2,3
+            ```
         """
-
-    @property
-    @abc.abstractmethod
-    def local_comm(self) -> Communicator:
-        """The ranks on this node. Every rank creates every node's group, so the first access is a
-        collective: make it on every rank."""
+        check_split(color, key)
+        return self._subgroup(splits.groups_of(self.all_gather_object((color, self.rank if key is None else key))))
 
     @collective("shape")
     def grid(self, shape: tuple[int, int]) -> tuple[Communicator, Communicator]:
@@ -404,129 +791,24 @@ class Communicator(abc.ABC):
         Rank ``r`` sits at row ``r // cols``, column ``r % cols``; ``row`` holds the ``cols`` ranks of
         its row (e.g. tensor parallel), ``col`` the ``rows`` ranks of its column (data parallel).
 
-        Example::
-
+        Example:
+            ```python
             # 4 ranks, shape (2, 2)
             row, col = comm.grid((2, 2))  # rank 3: row over ranks [2, 3], col over ranks [1, 3]
+            ```
         """
-        if (
-            not isinstance(shape, tuple)
-            or len(shape) != 2
-            or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)
-        ):
-            raise TypeError(f"grid needs a (rows, cols) tuple of positive ints, got {shape!r}")
-        rows, cols = shape
-        if rows * cols != self.world_size:
-            raise ValueError(
-                f"grid {rows}x{cols} has {rows * cols} places but the communicator has {self.world_size} ranks"
-            )
+        _, cols = check_grid(shape, self.world_size)
         return self.split(color=self.rank // cols), self.split(color=self.rank % cols)
 
-    # -- primitives: raw bytes for object traffic ---------------------------------------------
+    @property
+    def local_comm(self) -> Communicator:
+        """The ranks on this node, as a subgroup ordered by local rank. The first access is a
+        collective (every rank creates every node's group): make it on every rank."""
+        if self._local is None or self._local.closed:
+            self._local = self.split(color=self.node_rank, key=self.local_rank)
+        return self._local
 
-    @abc.abstractmethod
-    def _gather_records(self, record: np.ndarray) -> list[np.ndarray]:
-        """All-gather one fixed-size uint8 record per rank (same length everywhere), in rank order."""
-
-    def _gather_records_to(self, record: np.ndarray, dst: int) -> list[np.ndarray] | None:
-        """Gather fixed-size records on ``dst`` (rank order), ``None`` elsewhere.
-
-        By default an all-gather; a backend with a cheaper gather overrides it.
-        """
-        rows = self._gather_records(record)
-        return rows if self.rank == dst else None
-
-    @abc.abstractmethod
-    def _broadcast_record(self, record: np.ndarray, src: int) -> np.ndarray:
-        """Broadcast a fixed-size uint8 record from ``src``."""
-
-    @abc.abstractmethod
-    def _scatter_records(self, records: Sequence[np.ndarray] | None, src: int) -> np.ndarray:
-        """Scatter fixed-size uint8 records from ``src``; rank ``i`` gets ``records[i]``."""
-
-    @abc.abstractmethod
-    def _exchange(self, sends: Mapping[int, np.ndarray], recvs: Mapping[int, np.ndarray]) -> None:
-        """Point-to-point byte exchange: send ``sends[r]`` to ``r`` and fill ``recvs[r]`` from ``r``.
-
-        Every receive length is known in advance, so nothing is padded.
-        """
-
-    # -- validation shared by every implementation -------------------------------------------
-
-    def _enter(self, what: str) -> None:
-        """Called first by every collective: refuse a closed (or, in subclasses, unusable) communicator."""
-        if self._closed:
-            raise CommError(f"{what}: this communicator is closed")
-        self._seq += 1
-
-    def _announce_bad_arguments(self, error: BaseException, what: str) -> None:  # noqa: B027 - optional hook
-        """Tell the other ranks that this rank refused its arguments (peers may already be waiting)."""
-
-    def _announce_failure(self, error: BaseException, where: str) -> None:  # noqa: B027 - optional hook
-        """Tell the other ranks that this rank failed for good (the communicator is then unusable)."""
-
-    def _compare_fingerprints(self, op: str, arguments: Mapping[str, Any]) -> None:
-        """Debug mode: every rank shows its call; any difference raises on every rank."""
-        import json
-
-        mine = fingerprint(op, self._seq, arguments)
-        data = json.dumps(mine).encode()[: RECORD_BYTES - 8]
-        record = np.zeros(RECORD_BYTES, dtype=np.uint8)
-        record[:8] = np.frombuffer(len(data).to_bytes(8, "little"), dtype=np.uint8)
-        record[8 : 8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
-        sides = []
-        for row in self._gather_records(record):
-            length = int.from_bytes(row[:8].tobytes(), "little")
-            try:
-                sides.append(json.loads(row[8 : 8 + length].tobytes().decode(errors="replace")))
-            except ValueError:
-                sides.append({"op": "(unreadable fingerprint)"})
-        keys = ("op", "seq", "args")
-        if any(any(side.get(k) != mine.get(k) for k in keys) for side in sides):
-            raise CollectiveMismatchError(
-                {
-                    r: f"#{side.get('seq')} {side.get('op')}({side.get('args')}) at {side.get('site')}"
-                    for r, side in enumerate(sides)
-                },
-                "debug mode: ranks called different collectives",
-            )
-
-    def _check_rank(self, name: str, value: object) -> int:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name} must be an int rank of this communicator, got {type(value).__name__}")
-        if not 0 <= int(value) < self.world_size:
-            raise ValueError(
-                f"{name}={value} is out of range: expected a rank in 0..{self.world_size - 1} of this communicator"
-            )
-        return int(value)
-
-    # -- object collectives ------------------------------------------------------------------
-
-    def _encode(self, obj: Any, where: str) -> tuple[np.ndarray | None, np.ndarray, BaseException | None]:
-        """(frame, record, error): a failing encoder becomes a failure record, not a hang."""
-        try:
-            frame = pack_frame(self._codec.encode(obj))
-        except Exception as error:  # noqa: BLE001 - every encoding failure must reach the peers
-            return None, failure_record(error, where), error
-        return frame, frame_record(frame), None
-
-    def _decode(self, data: memoryview, sender: int) -> Any:
-        token = receive_device.set(self.device if self.device.type != "cpu" else None)
-        try:
-            stream, buffers = unpack_frame(data)
-            return self._codec.decode(stream, buffers)
-        except Exception as error:
-            error.add_note(f"while decoding the object sent by rank {sender}")
-            raise
-        finally:
-            receive_device.reset(token)
-
-    def _decode_all(self, records: Sequence[Record], frames: Mapping[int, np.ndarray], own: T) -> list[T]:
-        """Every rank's object; this rank's own is the object itself (as in one process), not a copy."""
-        return [
-            own if r == self.rank else self._decode(frames[r].data if rec.is_large else rec.inline, r)
-            for r, rec in enumerate(records)
-        ]
+    # -- object collectives: every one is the protocol of :mod:`communicator.objects` ------------
 
     @collective()
     def all_gather_object(self, obj: T) -> list[T]:
@@ -536,148 +818,73 @@ class Communicator(abc.ABC):
         point-to-point exchange of the exact bytes. A rank that cannot serialise its object raises
         its error; every other rank raises :class:`~communicator.errors.RemoteError` naming it.
 
-        Example::
-
+        Example:
+            ```python
             # rank 0: {"a": 1}                  rank 1: [2, 3]
             comm.all_gather_object(obj)         # both: [{"a": 1}, [2, 3]]
             # one process: [obj]
+            ```
         """
-        where = "all_gather_object"
-        frame, record, error = self._encode(obj, where)
-        records = check_records(self._gather_records(record), range(self.world_size), self.rank, error, where)
-        assert frame is not None
-        frames = {
-            r: np.empty(rec.length, dtype=np.uint8) for r, rec in enumerate(records) if rec.is_large and r != self.rank
-        }
-        sends = {r: frame for r in range(self.world_size) if r != self.rank} if records[self.rank].is_large else {}
-        self._exchange(sends, frames)
-        return self._decode_all(records, frames, own=obj)
+        return protocol.all_gather_object(self._objects(), obj)
 
     @collective("dst")
     def gather_object(self, obj: T, dst: int = 0) -> list[T] | None:
-        """Every rank's object on ``dst`` (a list in rank order); ``None`` elsewhere.
+        """Every rank's object on ``dst`` (a list in rank order); ``None`` elsewhere. Only ``dst``
+        receives the payloads.
 
-        Only ``dst`` receives the payloads. Example::
-
+        Example:
+            ```python
             # rank 0: "a"                       rank 1: "b"
             comm.gather_object(obj, dst=1)      # rank 0: None   rank 1: ["a", "b"]
             # one process: [obj]
+            ```
         """
-        dst = self._check_rank("dst", dst)
-        where = "gather_object"
-        frame, record, error = self._encode(obj, where)
-        rows = self._gather_records_to(record, dst)
-        # Only dst saw every record: it tells everyone whether a rank failed, so every rank raises.
-        status = empty_record()
-        records = [Record(row) for row in rows] if rows is not None else []
-        failures = [f for r, rec in enumerate(records) if (f := rec.failure(r)) is not None]
-        if failures:
-            status = forwarded_record(failures[0])
-        check_records([self._broadcast_record(status, dst)], [dst], self.rank, error, where)
-        assert frame is not None
-        if self.rank != dst:
-            self._exchange({dst: frame} if Record(record).is_large else {}, {})
-            return None
-        frames = {r: np.empty(rec.length, dtype=np.uint8) for r, rec in enumerate(records) if rec.is_large and r != dst}
-        self._exchange({}, frames)
-        return self._decode_all(records, frames, own=obj)
+        dst = check_rank("dst", dst, self.world_size)
+        return protocol.gather_object(self._objects(), obj, dst)
 
     @collective("src")
     def broadcast_object(self, obj: T, src: int = 0) -> T:
         """``src``'s object, on every rank (other ranks' ``obj`` is ignored; pass ``None``).
 
-        Example::
-
+        Example:
+            ```python
             # rank 0: {"lr": 0.1}               rank 1: None
             comm.broadcast_object(obj, src=0)   # both: {"lr": 0.1}
             # one process: obj
+            ```
         """
-        src = self._check_rank("src", src)
-        where = "broadcast_object"
-        frame: np.ndarray | None = None
-        error: BaseException | None = None
-        record = empty_record()
-        if self.rank == src:
-            frame, record, error = self._encode(obj, where)
-        received = self._broadcast_record(record, src)
-        rec = check_records([received], [src], self.rank, error, where)[0]
-        if self.rank == src:
-            if rec.is_large:
-                assert frame is not None
-                self._exchange({r: frame for r in range(self.world_size) if r != src}, {})
-            return obj
-        if not rec.is_large:
-            return self._decode(rec.inline, src)  # type: ignore[no-any-return]
-        data = np.empty(rec.length, dtype=np.uint8)
-        self._exchange({}, {src: data})
-        return self._decode(data.data, src)  # type: ignore[no-any-return]
+        src = check_rank("src", src, self.world_size)
+        return protocol.broadcast_object(self._objects(), obj, src)
 
     @collective("objects:len", "src")
     def broadcast_object_list(self, objects: list[Any], src: int = 0) -> list[Any]:
         """torch-compatible: replace the items of ``objects`` in place with ``src``'s; also return it.
 
-        Every rank passes a list of the same length. Example::
+        Every rank passes a list of the same length.
 
+        Example:
+            ```python
             # rank 0: [1, "a"]                  rank 1: [None, None]
             comm.broadcast_object_list(objs)    # both: [1, "a"]
+            ```
         """
         if not isinstance(objects, list):
             raise TypeError(f"broadcast_object_list needs a list, got {type(objects).__name__}")
-        received: list[Any] = self.broadcast_object(objects if self.rank == src else [], src)
-        if len(received) != len(objects):
-            raise ValueError(
-                f"broadcast_object_list: rank {self.rank} passed {len(objects)} items, src {src} sent {len(received)}"
-            )
-        objects[:] = received
-        return objects
+        return protocol.broadcast_object_list(self._objects(), objects, check_rank("src", src, self.world_size))
 
     @collective("src")
     def scatter_object(self, objects: Sequence[T] | None, src: int = 0) -> T:
         """Rank ``i`` receives ``objects[i]`` from ``src``; the others pass ``None``.
 
-        Example::
-
+        Example:
+            ```python
             # rank 0 (src): ["a", "b"]          rank 1: None
             comm.scatter_object(objs, src=0)    # rank 0: "a"   rank 1: "b"
             # one process: objects[0]
+            ```
         """
-        src = self._check_rank("src", src)
-        where = "scatter_object"
-        frames: list[np.ndarray] = []
-        rows: list[np.ndarray] | None = None
-        error: BaseException | None = None
-        if self.rank == src:
-            frames, rows, error = self._encode_each(objects, where)
-        rec = check_records([self._scatter_records(rows, src)], [src], self.rank, error, where)[0]
-        if self.rank == src:
-            assert rows is not None
-            large = {r: frames[r] for r in range(self.world_size) if r != src and Record(rows[r]).is_large}
-            self._exchange(large, {})
-            assert objects is not None
-            return objects[src]
-        if not rec.is_large:
-            return self._decode(rec.inline, src)  # type: ignore[no-any-return]
-        data = np.empty(rec.length, dtype=np.uint8)
-        self._exchange({}, {src: data})
-        return self._decode(data.data, src)  # type: ignore[no-any-return]
-
-    def _encode_each(
-        self, objects: Sequence[Any] | None, where: str
-    ) -> tuple[list[np.ndarray], list[np.ndarray], BaseException | None]:
-        """Frames and records for a scatter; on any failure, a failure record for every rank."""
-        if objects is None or isinstance(objects, (str, bytes)) or len(objects) != self.world_size:
-            got = "None" if objects is None else f"{type(objects).__name__} of length {len(objects)}"
-            error = ValueError(f"{where}: src must pass a sequence of {self.world_size} objects, got {got}")
-            return [], [failure_record(error, where)] * self.world_size, error
-        frames, rows = [], []
-        for item in objects:
-            frame, record, item_error = self._encode(item, where)
-            if item_error is not None:
-                return [], [record] * self.world_size, item_error
-            assert frame is not None
-            frames.append(frame)
-            rows.append(record)
-        return frames, rows, None
+        src = check_rank("src", src, self.world_size)
+        return protocol.scatter_object(self._objects(), objects, src)
 
     @collective(p2p=True)
     def send_object(self, obj: Any, dst: int) -> None:
@@ -685,37 +892,21 @@ class Communicator(abc.ABC):
 
         If ``obj`` cannot be serialised, this rank raises and the receiver gets a ``RemoteError``.
         """
-        dst = self._check_rank("dst", dst)
-        if dst == self.rank:
-            raise ValueError(f"send_object: dst={dst} is this rank; a rank cannot send to itself")
-        frame, record, error = self._encode(obj, "send_object")
-        self._exchange({dst: record}, {})
-        if error is not None:
-            raise error
-        assert frame is not None
-        if Record(record).is_large:
-            self._exchange({dst: frame}, {})
+        dst = check_peer("dst", dst, self.rank, self.world_size)
+        protocol.send_object(self._objects(), obj, dst)
 
     @collective(p2p=True)
     def recv_object(self, src: int) -> Any:
         """Receive the object rank ``src`` sends with ``send_object``.
 
-        Example::
-
+        Example:
+            ```python
             # rank 0: comm.send_object({"x": 1}, dst=1)
             # rank 1: comm.recv_object(src=0)   # -> {"x": 1}
+            ```
         """
-        src = self._check_rank("src", src)
-        if src == self.rank:
-            raise ValueError(f"recv_object: src={src} is this rank; a rank cannot receive from itself")
-        raw = np.empty(RECORD_BYTES, dtype=np.uint8)
-        self._exchange({}, {src: raw})
-        rec = check_records([raw], [src], self.rank, None, "send_object")[0]
-        if not rec.is_large:
-            return self._decode(rec.inline, src)
-        data = np.empty(rec.length, dtype=np.uint8)
-        self._exchange({}, {src: data})
-        return self._decode(data.data, src)
+        src = check_peer("src", src, self.rank, self.world_size)
+        return protocol.recv_object(self._objects(), src)
 
     # -- derived operations --------------------------------------------------------------------
 
@@ -729,13 +920,14 @@ class Communicator(abc.ABC):
         naming the keys. Small dicts travel in one collective; larger ones in one check plus one
         collective per dtype and device.
 
-        Example::
-
+        Example:
+            ```python
             # rank 0: {"loss": tensor(1.), "n": 2}     rank 1: {"loss": tensor(3.), "n": 4}
             comm.all_reduce_dict(d, op="mean")        # both: {"loss": tensor(2.), "n": 3.0}
             # one process: the same values (integer means as floats)
+            ```
         """
-        return all_reduce_dict(self, data, op)
+        return dicts.all_reduce_dict(self, self._objects().channel, data, op)
 
     @collective("dst", "order")
     def collect_results(
@@ -755,36 +947,45 @@ class Communicator(abc.ABC):
         ``device`` is accepted for compatibility; results always travel on the object channel.
         A ``size`` larger than the number of results held returns them all with a ``UserWarning``.
 
-        Example::
-
+        Example:
+            ```python
             # rank 0: ["a", "c"]                rank 1: ["b", "d"]
             comm.collect_results(part, size=4)  # rank 0: ["a", "b", "c", "d"]   rank 1: None
             # one process: results[:size]
+            ```
         """
-        return collect_results(self, results, size, dst, order, device)
+        check_arguments(results, size, order, device)
+        dst = check_rank("dst", dst, self.world_size)
+        parts = self.gather_object(list(results), dst=dst)
+        return None if parts is None else merge_parts(parts, size, order)
 
     @collective()
     def sync_random_seed(self, seed: int | None = None) -> int:
-        """One seed, drawn on rank 0 (or ``seed`` from rank 0), returned on every rank.
+        """One seed, returned on every rank: ``seed`` from rank 0, or drawn on rank 0.
 
-        The global Python, NumPy and torch random states are not touched.
+        A drawn seed comes from a copy of rank 0's global NumPy random state and the number of
+        seeds this communicator drew before: no global random state (Python, NumPy, torch) moves,
+        a run seeded with ``np.random.seed(s)`` gets the same sequence of seeds every time, and
+        successive calls give different seeds.
 
-        Example::
-
+        Example:
+            ```python
             # rank 0 draws 1234                 rank 1 passes nothing
             comm.sync_random_seed()             # both: 1234
+            ```
         """
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-        drawn = random.SystemRandom().randrange(2**31) if seed is None else seed
-        chosen: int = self.broadcast_object(drawn if self.is_main_process else 0, src=0)
-        return chosen
+        drawn = self._seeds_drawn
+        self._seeds_drawn += 1
+        if self.rank == 0 and seed is None:
+            seed = draw_seed(drawn)
+        return int(self.broadcast_object(seed if self.rank == 0 else None, src=0))  # type: ignore[arg-type]
 
     @collective()
     def check_random_states(self) -> bool:
         """Whether the Python, NumPy and torch global RNG states agree on every rank."""
-        digest = _rng_digest()
-        return len(set(self.all_gather_object(digest))) == 1
+        return len(set(self.all_gather_object(rng_digest()))) == 1
 
     def main_only(self, fn: Callable[P, R]) -> Callable[P, R | None]:
         """Decorator: run ``fn`` on rank 0 only; other ranks get ``None``. No communication."""
@@ -807,11 +1008,12 @@ class Communicator(abc.ABC):
         costs one small collective. On the failing rank the ``RemoteError`` is chained to its own
         exception. After a failure the communicator is unusable: leave its ``with`` block.
 
-        Example::
-
+        Example:
+            ```python
             with comm.fail_together("evaluation"):
                 results = evaluate(model)        # rank 1 raises ValueError
             # every rank: RemoteError("evaluation: rank 1 raised ValueError: ...")
+            ```
         """
         try:
             yield
@@ -819,67 +1021,70 @@ class Communicator(abc.ABC):
             raise
         except BaseException as error:
             self._announce_failure(error, name)
-            raise RemoteError([_failure_of(self.rank, error, name)], context=name) from error
-        records = self._gather_records(empty_record())
-        check_records(records, range(self.world_size), self.rank, None, name)
+            raise RemoteError([RemoteFailure.of(self.rank, error, name)], context=name) from error
+        self._leave_together(name)
+
+    @collective()
+    def _leave_together(self, name: str) -> None:
+        """The end of a ``fail_together`` block: every rank says it succeeded, or names its failure."""
+        protocol.check_records(self._objects().channel.all_gather(protocol.empty_record()), None, name)
 
     @contextlib.contextmanager
-    def wait_for_main(self, timeout: float | None = None) -> Iterator[bool]:
+    def wait_for_main(self, timeout: Timeout | None = None) -> Iterator[bool]:
         """A block that rank 0 may take long over while the others wait at its end, without
-        tripping the collective timeout (``timeout`` seconds, default: no limit).
+        tripping the collective timeout (``timeout``, seconds or a ``timedelta``: default no limit).
 
         Yields ``is_main_process``; if rank 0 raises, the others raise ``RemoteError`` at once.
 
-        Example::
-
+        Example:
+            ```python
             with comm.wait_for_main() as main:
                 if main:
                     build_cache()                # rank 0, an hour
             # every rank continues once rank 0 is done
+            ```
         """
+        limit = seconds(timeout)
         try:
             yield self.is_main_process
         except BaseException as error:
             self._announce_failure(error, "wait_for_main")
             raise
-        self._patient_barrier(timeout)
-
-    def _patient_barrier(self, timeout: float | None) -> None:
-        """A barrier that may wait ``timeout`` seconds (``None``: forever) instead of the comm's timeout."""
-        self.barrier(timeout)
+        self._patient_barrier(limit)
 
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:
-        """Rank 0 runs the block first (e.g. to download or cache), then the others run it."""
+        """Rank 0 runs the block first (e.g. to download or cache), then the others run it.
+
+        The others wait for rank 0 however long it takes (not bound by the collective timeout),
+        and raise :class:`RemoteError` if rank 0's block raises.
+        """
         if not self.is_main_process:
-            self.barrier()
+            self._patient_barrier(None)
+            yield
+            return
         try:
             yield
-        finally:
-            if self.is_main_process:
-                self.barrier()
+        except BaseException as error:
+            self._announce_failure(error, "main_process_first")
+            raise
+        self._patient_barrier(None)
 
 
-def check_split_arguments(color: object, key: object) -> None:
-    """``split``'s argument checks, shared by every implementation."""
-    for name, value in (("color", color), ("key", key)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise TypeError(f"split: {name} must be an int or None, got {type(value).__name__}")
-    if isinstance(color, int) and color < 0:
-        raise ValueError(f"split: color must be >= 0 (or None to join no group), got {color}")
+def _closed_error(what: str) -> CommError:
+    return CommError(f"{what}: this communicator is closed")
 
 
-def _failure_of(rank: int, error: BaseException, where: str) -> RemoteFailure:
-    import traceback
+@atexit.register
+def _close_left_open() -> None:
+    """Close what a program left open before the interpreter finalises: torch's groups and stores
+    torn down during finalisation (their threads still running) can abort the process."""
+    Communicator._exiting = True
+    for comm in list(Communicator._open):
+        with contextlib.suppress(Exception):
+            comm.close()
 
-    return RemoteFailure(rank, type(error).__name__, str(error), "".join(traceback.format_exception(error)), where)
 
-
-def _rng_digest() -> str:
-    import hashlib
-
-    h = hashlib.blake2b(digest_size=16)
-    h.update(repr(random.getstate()).encode())
-    h.update(repr(np.random.get_state(legacy=True)).encode())
-    h.update(torch.get_rng_state().numpy().tobytes())
-    return h.hexdigest()
+Communicator._specs = {
+    name: method.__collective__ for name, method in vars(Communicator).items() if hasattr(method, "__collective__")
+}

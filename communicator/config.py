@@ -9,11 +9,11 @@ from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from communicator.errors import ConfigError
+from communicator.launchers import launcher_names
 
-__all__ = ["BACKENDS", "LAUNCHERS", "CommConfig", "ConfigLike", "Serializer"]
+__all__ = ["BACKENDS", "CommConfig", "ConfigLike", "Serializer", "Timeout", "seconds"]
 
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
-LAUNCHERS = ("auto", "none", "pytorch", "slurm", "mpi", "openmpi", "mpich", "mvapich")
 SERIALIZERS = ("pickle", "safe")
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
@@ -69,7 +69,7 @@ class CommConfig:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "backend", _choice("backend", self.backend, BACKENDS))
-        set_(self, "launcher", _choice("launcher", self.launcher, LAUNCHERS))
+        set_(self, "launcher", _choice("launcher", self.launcher, launcher_names()))
         set_(self, "timeout", _timeout(self.timeout))
         set_(self, "master_port", _port(self.master_port))
         for name in ("init_method", "master_addr", "device", "type"):
@@ -169,6 +169,25 @@ def _choice(name: str, value: object, allowed: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value.lower() not in allowed:
         raise ConfigError(f"{name}={value!r} is invalid: expected one of {', '.join(allowed)}")
     return value.lower()
+
+
+#: A duration as the API accepts it everywhere: seconds, or a ``timedelta``.
+Timeout = float | timedelta
+
+
+def seconds(value: object, name: str = "timeout") -> float | None:
+    """``value`` (seconds or a ``timedelta``) in seconds; ``None`` stays ``None``.
+
+    Anything else, or a duration that is not positive, is a ``ValueError`` naming ``name``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, timedelta)):
+        raise ValueError(f"{name}={value!r} is invalid: expected seconds (int or float) or a timedelta")
+    result = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    if not result > 0:
+        raise ValueError(f"{name}={value!r} is invalid: expected a positive duration")
+    return result
 
 
 def _timeout(value: object) -> timedelta:

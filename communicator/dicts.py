@@ -19,10 +19,11 @@ import numpy as np
 import torch
 
 from communicator.errors import CollectiveMismatchError
-from communicator.ops import ReduceOpLike, check_op_dtype, parse_op
+from communicator.ops import ReduceOpLike, check_op_dtype, is_floating, parse_op
 
 if TYPE_CHECKING:
     from communicator.base import Communicator
+    from communicator.objects import Channel
 
 __all__ = ["all_reduce_dict"]
 
@@ -103,8 +104,7 @@ def _reduce_local(name: str, stacked: torch.Tensor, world: int) -> torch.Tensor:
     if name == "sum":
         return stacked.sum(0, dtype=dtype)
     if name == "mean":
-        floating = dtype.is_floating_point or dtype.is_complex
-        return stacked.sum(0, dtype=dtype) / world if floating else stacked.double().sum(0) / world
+        return stacked.sum(0, dtype=dtype) / world if is_floating(dtype) else stacked.double().sum(0) / world
     if name == "product":
         return stacked.prod(0).to(dtype)
     if name == "min":
@@ -137,13 +137,16 @@ def _nest(pairs: list[tuple[Path, Any]], template: Mapping[Any, Any]) -> dict[An
     return build(template, ())
 
 
-def all_reduce_dict(comm: Communicator, data: Mapping[Any, Any], op: ReduceOpLike = "sum") -> dict[Any, Any]:
+def all_reduce_dict(
+    comm: Communicator, channel: Channel, data: Mapping[Any, Any], op: ReduceOpLike = "sum"
+) -> dict[Any, Any]:
+    """``data`` reduced across ``comm``'s ranks; ``channel`` carries the records (see the module docstring)."""
     name = parse_op(op)
     if not isinstance(data, Mapping):
         raise TypeError(f"all_reduce_dict needs a dict, got {type(data).__name__}")
     leaves = sorted((_leaf(p, v) for p, v in _leaves(data)), key=lambda leaf: leaf.key)
     for leaf in leaves:
-        check_op_dtype(name, leaf.tensor.dtype, in_place=False)
+        check_op_dtype(name, leaf.tensor.dtype)
     signature = _signature(leaves)
     digest = hashlib.blake2b(repr(signature).encode(), digest_size=16).digest()
     buckets = _buckets(leaves)
@@ -163,7 +166,7 @@ def all_reduce_dict(comm: Communicator, data: Mapping[Any, Any], op: ReduceOpLik
             raw = flat.cpu().view(torch.uint8).numpy()
             record[_HEAD.size + offset : _HEAD.size + offset + raw.size] = raw
 
-    rows = comm._gather_records(record)
+    rows = channel.all_gather(record)
     if any(bytes(row[:16]) != digest for row in rows):
         raise _mismatch(comm.all_gather_object(signature))
 
@@ -206,7 +209,7 @@ def _buckets(leaves: list[_Leaf]) -> dict[tuple[str, torch.dtype], list[_Leaf]]:
 
 def _reduce_bucket(comm: Communicator, flat: torch.Tensor, name: str) -> torch.Tensor:
     """One collective for a bucket too large to travel inline."""
-    integer_mean = name == "mean" and not (flat.dtype.is_floating_point or flat.dtype.is_complex)
+    integer_mean = name == "mean" and not is_floating(flat.dtype)
     flat = flat.double() if integer_mean else flat  # already a fresh tensor (torch.cat)
     comm.all_reduce(flat, op="sum" if integer_mean else name)
     return flat / comm.world_size if integer_mean else flat

@@ -42,7 +42,7 @@ from communicator.compat.buckets import all_reduce_coalesced, make_buckets
 from communicator.compat.devices import cast_data_device, get_data_device
 from communicator.compat.filed_results import collect_through_directory
 from communicator.errors import CommError, ConfigError
-from communicator.launchers import LAUNCHERS
+from communicator.launchers import LAUNCHERS, launcher_names
 from communicator.launchers.mpi import MPIEnv
 from communicator.ops import ReduceOpLike
 from communicator.torch_comm import TorchComm
@@ -86,8 +86,8 @@ __all__ = [
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: The launcher names ``init_dist`` accepts: mmengine's three and each MPI implementation.
-INIT_LAUNCHERS = ("pytorch", "slurm", "mpi", "openmpi", "mpich", "mvapich")
+#: The launcher names ``init_dist`` accepts: every launcher's (mmengine's three, and each MPI implementation).
+INIT_LAUNCHERS = tuple(name for name in launcher_names() if name not in ("auto", "none"))
 _NO_LOCAL_GROUP = (
     "Local process group is not created, please use `init_local_group` to setup local process group "
     "(or open a communicator, e.g. with init_dist, whose launcher knows the node layout)."
@@ -388,8 +388,9 @@ def all_reduce(data: torch.Tensor, op: ReduceOpLike = "sum", group: GroupLike = 
         group: a torch ``ProcessGroup``, a ``Communicator`` or ``None`` (the default).
 
     Raises:
-        TypeError: ``op='mean'`` on an integer tensor (the mean would be truncated), also in one
-            process; reduce a floating tensor instead.
+        ValueError: ``op='mean'`` of an integer tensor whose sum does not divide by the world size
+            (an integer cannot hold the fraction; mmengine truncates it); ``data`` keeps its values.
+            An exact integer mean (identical counters) works in place.
 
     Examples:
         >>> data = torch.tensor([1.0, 2.0]) + 2 * get_rank()
@@ -470,6 +471,8 @@ def all_reduce_params(
     With ``coalesce`` the tensors are grouped by device and dtype (and into buckets of at most
     ``bucket_size_mb`` megabytes when it is positive): one all-reduce per bucket, of the
     bucket's concatenation, copied back into each tensor. Without it, one all-reduce per tensor.
+    An integer ``'mean'`` is exact or an error, as in :func:`all_reduce`: BatchNorm's
+    ``num_batches_tracked``, the same counter on every rank, averages to itself.
 
     Examples:
         >>> params = [torch.tensor([1.0, 2.0]) + get_rank(), torch.tensor([3.0]) + get_rank()]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import traceback as tracebacks
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -11,6 +13,7 @@ __all__ = [
     "CommTimeoutError",
     "ConfigError",
     "NotMemberError",
+    "PeerClosedError",
     "PeerLostError",
     "RemoteError",
     "RemoteFailure",
@@ -41,6 +44,22 @@ class PeerLostError(CommError):
     """A peer process died or closed its connection while this rank was communicating with it."""
 
 
+class PeerClosedError(PeerLostError):
+    """A peer closed its communicator before joining the operation this rank waits in.
+
+    ``peer`` is its rank; ``completed`` the number of collectives it ran before closing.
+    """
+
+    def __init__(self, peer: int, completed: int, last: str, waiting: str) -> None:
+        super().__init__(
+            f"{waiting}: rank {peer} closed its communicator after {completed} collectives (the last: "
+            f"{last or 'none'}), so it will never join this one: the ranks called different sequences "
+            "of collectives"
+        )
+        self.peer = peer
+        self.completed = completed
+
+
 class NotMemberError(CommError):
     """A collective was called on a subgroup communicator by a rank that is not a member."""
 
@@ -58,6 +77,32 @@ class RemoteFailure:
     def __str__(self) -> str:
         where = f" in {self.where}" if self.where else ""
         return f"rank {self.rank} raised {self.error_type}{where}: {self.message}"
+
+    @classmethod
+    def of(cls, rank: int, error: BaseException, where: str = "") -> RemoteFailure:
+        """What ``rank`` reports when it fails with ``error`` in ``where``."""
+        return cls(rank, type(error).__name__, str(error), "".join(tracebacks.format_exception(error)), where)
+
+    def to_json(self, limit: int = 8192) -> bytes:
+        """The report as JSON of at most ``limit`` bytes: the traceback is cut first, then the message."""
+        data = b""
+        for keep in (len(self.traceback), 4000, 1200, 600, 200, 0):
+            info = {
+                "rank": self.rank,
+                "type": self.error_type,
+                "message": self.message[: max(keep, 300)],
+                "where": self.where,
+                "traceback": self.traceback[-keep:] if keep else "",
+            }
+            data = json.dumps(info).encode()
+            if len(data) <= limit:
+                break
+        return data[:limit]
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> RemoteFailure:
+        info = json.loads(data)
+        return cls(int(info["rank"]), info["type"], info["message"], info.get("traceback", ""), info.get("where", ""))
 
 
 class RemoteError(CommError):

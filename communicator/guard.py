@@ -1,105 +1,103 @@
-"""The guard every public collective runs through.
+"""The guard every public operation runs through, applied in one place.
 
-It numbers collectives, tells peers about this rank's bad arguments (so ranks already waiting in
-the collective are released instead of hanging), and in debug mode compares a fingerprint of the
-call across ranks before any data moves.
+``@collective`` marks a public method of :class:`~communicator.base.Communicator`, and
+``Communicator.__init_subclass__`` applies the same guard to a subclass's overrides, so a subclass
+cannot lose it. For each outermost call the guard
+
+- refuses a communicator that is closed, unusable after an abandoned operation, or of which this
+  rank is not a member (``CallState.refusal``);
+- refuses a second thread while an operation runs (ranks must see operations in one order);
+- numbers collectives (``seq``; point-to-point operations take two ranks, so they do not count);
+- in debug mode, compares a fingerprint of the call across ranks before any data moves;
+- tells the peers when this rank refuses its arguments before communicating, so that ranks
+  already waiting in the operation are released.
+
+Operations called by other operations (``sync_random_seed`` broadcasting an object, say) run
+unguarded: the outer call is the one that counts.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import json
-import os
-import sys
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
 
-import torch
+from communicator.errors import CommError
+from communicator.fingerprints import describe_arguments
 
-if TYPE_CHECKING:
-    from communicator.base import Communicator
-
-__all__ = ["call_site", "collective", "describe_arguments", "fingerprint"]
+__all__ = ["CallState", "Spec", "collective", "guarded"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Spec(NamedTuple):
+    """A guarded operation: its name, the arguments debug mode compares, whether it is point-to-point."""
+
+    name: str
+    match: tuple[str, ...]
+    p2p: bool
+    signature: inspect.Signature
+
+
+class CallState:
+    """What the guard keeps for one communicator."""
+
+    __slots__ = ("busy", "launched", "op", "refusal", "seq", "thread")
+
+    def __init__(self) -> None:
+        self.busy = threading.Lock()  # held while an operation runs
+        self.thread = 0  # the thread running it
+        self.op = ""  # the public operation running, or that ran last
+        self.seq = 0  # collectives entered so far: the same on every rank of a correct program
+        self.launched = False  # whether the running operation has started communicating
+        self.refusal: Callable[[str], CommError] | None = None  # why operations are refused, when they are
 
 
 def collective(*match: str, p2p: bool = False) -> Callable[[F], F]:
-    """Mark a public method as a collective.
+    """Mark a public method as an operation every call of which goes through the guard.
 
-    ``match`` names the arguments that must agree across ranks in debug mode: a plain name
-    compares the value (tensors: dtype and shape), ``"name:dtype"`` only a tensor's dtype and
-    number of dimensions (shapes may legitimately differ), ``"name:len"`` a sequence's length,
-    ``"name:keys"`` a mapping's keys. ``p2p`` methods are not compared (only two ranks take part).
+    ``match`` names the arguments debug mode compares across ranks (see
+    :func:`~communicator.fingerprints.describe_arguments`).
     """
 
     def decorate(method: F) -> F:
-        signature = inspect.signature(method)
-        name = method.__name__
-
-        @functools.wraps(method)
-        def guarded(self: Communicator, *args: Any, **kwargs: Any) -> Any:
-            if self._depth:  # called by another collective: the outer call is the one that counts
-                return method(self, *args, **kwargs)
-            self._enter(name)
-            self._depth += 1
-            try:
-                if self.config.debug and not p2p:
-                    self._compare_fingerprints(name, describe_arguments(signature, self, args, kwargs, match))
-                self._launched = False
-                return method(self, *args, **kwargs)
-            except (TypeError, ValueError) as error:
-                if not self._launched:
-                    self._announce_bad_arguments(error, name)
-                raise
-            finally:
-                self._depth -= 1
-
-        return cast(F, guarded)
+        return guarded(method, Spec(method.__name__, match, p2p, inspect.signature(method)))
 
     return decorate
 
 
-def _summary(value: Any, how: str) -> Any:
-    if how == "dtype" and isinstance(value, torch.Tensor):
-        return f"{value.dtype} with {value.dim()} dims"
-    if how == "len":
-        return len(value) if isinstance(value, Sequence) else repr(type(value).__name__)
-    if how == "keys":
-        return sorted(map(repr, value)) if isinstance(value, Mapping) else repr(type(value).__name__)
-    if isinstance(value, torch.Tensor):
-        return f"{value.dtype}{list(value.shape)}"
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
-        return [_summary(v, how) for v in value]
-    if isinstance(value, (int, float, str, bool)) or value is None:
-        return value
-    return str(value)
+def guarded(method: F, spec: Spec) -> F:
+    """``method`` behind the guard of ``spec``."""
+    name = spec.name
 
+    @functools.wraps(method)
+    def guard(self: Any, *args: Any, **kwargs: Any) -> Any:  # self: a Communicator
+        calls = self._calls
+        if not calls.busy.acquire(False):
+            if calls.thread == threading.get_ident():  # called by another operation: the outer call counts
+                return method(self, *args, **kwargs)
+            raise CommError(
+                f"{name}: this communicator is running {calls.op} in another thread; a communicator's "
+                "operations must be issued by one thread at a time (ranks must see them in one order)"
+            )
+        try:
+            if calls.refusal is not None:
+                raise calls.refusal(name)
+            calls.thread, calls.op, calls.launched = threading.get_ident(), name, False
+            if not spec.p2p:
+                calls.seq += 1
+                if self.config.debug:
+                    self._compare_fingerprints(name, describe_arguments(spec.signature, self, args, kwargs, spec.match))
+            return method(self, *args, **kwargs)
+        except (TypeError, ValueError) as error:
+            if not calls.launched:  # peers may already wait in this operation: release them
+                self._announce_bad_arguments(error, name)
+            raise
+        finally:
+            calls.thread = 0
+            calls.busy.release()
 
-def describe_arguments(
-    signature: inspect.Signature, comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any], match: Sequence[str]
-) -> dict[str, Any]:
-    """The arguments named in ``match``, summarised so ranks can compare them."""
-    bound = signature.bind(comm, *args, **kwargs)
-    bound.apply_defaults()
-    described = {}
-    for spec in match:
-        name, _, how = spec.partition(":")
-        described[name] = _summary(bound.arguments[name], how)
-    return described
-
-
-def call_site() -> str:
-    """The first caller outside this package: where the user called the collective."""
-    frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
-        frame = frame.f_back  # type: ignore[assignment]
-    return "unknown" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
-
-
-def fingerprint(op: str, seq: int, arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """What ranks compare in debug mode (the call site is shown, not compared: two branches may
-    legitimately make the same call from different lines)."""
-    return {"op": op, "seq": seq, "args": json.loads(json.dumps(arguments, default=str)), "site": call_site()}
+    guard.__collective__ = spec  # type: ignore[attr-defined]
+    return guard  # type: ignore[return-value]

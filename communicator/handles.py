@@ -1,17 +1,44 @@
-"""`Handle`: what ``async_op=True`` returns; ``wait()`` finishes the operation and gives its result."""
+"""`Handle`: what ``async_op=True`` returns; ``wait()`` finishes the operation and gives its result.
+
+Also the two shapes of a started operation that communicators hand to each other: :class:`Work`
+(anything with ``wait()`` and ``is_completed()``, such as torch's own work objects) and
+:data:`DONE`, an operation that finished when it was started.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-__all__ = ["Handle"]
+from communicator.config import Timeout, seconds
+
+__all__ = ["DONE", "Handle", "Work"]
 
 T = TypeVar("T")
 
 
-class _Work(Protocol):
+class Work(Protocol):
+    """A started operation: a primitive returns one, the communicator's ``_wait`` finishes it."""
+
+    def wait(self) -> Any: ...
+
     def is_completed(self) -> bool: ...
+
+
+class _Done:
+    """An operation that completed when it was started (transports that work synchronously)."""
+
+    def wait(self) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+#: The work of an operation that is already complete.
+DONE: Work = _Done()
+
+Waiter = Callable[[Sequence[Work], "float | None"], None]
 
 
 class Handle(Generic[T]):
@@ -20,23 +47,22 @@ class Handle(Generic[T]):
     ``wait`` honours the communicator's timeout and failure signalling, like a blocking call.
     """
 
-    def __init__(
-        self,
-        works: Sequence[Any],
-        finish: Callable[[], T],
-        waiter: Callable[[Sequence[Any], float | None], None] | None = None,
-    ) -> None:
+    def __init__(self, works: Sequence[Work], finish: Callable[[], T], waiter: Waiter | None = None) -> None:
         self._works = list(works)
         self._finish = finish
         self._waiter = waiter
         self._done = False
         self._result: T | None = None
 
-    def wait(self, timeout: float | None = None) -> T:
-        """Finish the operation (``timeout`` in seconds overrides the communicator's) and return its result."""
+    def wait(self, timeout: Timeout | None = None) -> T:
+        """Finish the operation and return its result.
+
+        ``timeout`` (seconds or a ``timedelta``) overrides the communicator's for this wait.
+        """
         if not self._done:
+            limit = seconds(timeout)
             if self._waiter is not None and self._works:
-                self._waiter(self._works, timeout)
+                self._waiter(self._works, limit)
             self._result = self._finish()
             self._done = True
             self._works.clear()

@@ -1,11 +1,19 @@
-"""Reduction operations: names, torch equivalents and the checks that keep them exact."""
+"""Reduction operations: names, the dtypes each one accepts, and the exact integer mean."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["REDUCE_OPS", "WIRE_DTYPES", "ReduceOpLike", "check_op_dtype", "parse_op"]
+__all__ = [
+    "REDUCE_OPS",
+    "WIRE_DTYPES",
+    "ReduceOpLike",
+    "check_op_dtype",
+    "divide_exactly",
+    "is_floating",
+    "parse_op",
+]
 
 ReduceOpLike = str | dist.ReduceOp | dist.ReduceOp.RedOpType
 
@@ -24,38 +32,46 @@ _BITWISE = ("band", "bor", "bxor")
 
 def parse_op(op: object) -> str:
     """The canonical name of ``op`` (a case-insensitive string or a ``torch.distributed.ReduceOp``)."""
+    if isinstance(op, (dist.ReduceOp, dist.ReduceOp.RedOpType)):
+        op = str(op).rsplit(".", 1)[-1]
     if isinstance(op, str):
         name = _ALIASES.get(op.lower(), op.lower())
-        if name in REDUCE_OPS:
-            return name
-    elif isinstance(op, (dist.ReduceOp, dist.ReduceOp.RedOpType)):
-        name = _ALIASES.get(str(op).rsplit(".", 1)[-1].lower(), str(op).rsplit(".", 1)[-1].lower())
         if name in REDUCE_OPS:
             return name
     raise ValueError(f"unknown reduce op {op!r}: expected one of {', '.join(REDUCE_OPS)} or a ReduceOp")
 
 
-def torch_op(name: str) -> dist.ReduceOp.RedOpType:
-    """The torch op that implements ``name`` (``mean`` is a sum followed by a division)."""
-    return {
-        "sum": dist.ReduceOp.SUM,
-        "mean": dist.ReduceOp.SUM,
-        "product": dist.ReduceOp.PRODUCT,
-        "min": dist.ReduceOp.MIN,
-        "max": dist.ReduceOp.MAX,
-        "band": dist.ReduceOp.BAND,
-        "bor": dist.ReduceOp.BOR,
-        "bxor": dist.ReduceOp.BXOR,
-    }[name]
+def is_floating(dtype: torch.dtype) -> bool:
+    return dtype.is_floating_point or dtype.is_complex
 
 
-def check_op_dtype(name: str, dtype: torch.dtype, in_place: bool = True) -> None:
-    """Refuse combinations that would be silently wrong: bitwise ops on floats, an integer mean in place."""
-    floating = dtype.is_floating_point or dtype.is_complex
-    if name in _BITWISE and floating:
+def check_op_dtype(name: str, dtype: torch.dtype) -> None:
+    """Refuse what has no meaning: bitwise ops on non-integers, order or products of complex numbers."""
+    if name in _BITWISE and is_floating(dtype):
         raise TypeError(f"op {name!r} needs an integer or bool tensor, got {dtype}")
-    if name == "mean" and in_place and not floating:
-        raise TypeError(
-            f"op 'mean' on a {dtype} tensor would truncate the average; reduce a floating tensor "
-            "(e.g. t.double()) or use op='sum' and divide"
+    if dtype.is_complex and name not in ("sum", "mean"):
+        raise TypeError(f"op {name!r} is not defined for complex tensors ({dtype}): only 'sum' and 'mean' are")
+
+
+def divide_exactly(total: torch.Tensor, world: int, keep: torch.Tensor) -> None:
+    """Turn a sum into the mean in place; an integer sum must divide exactly.
+
+    An integer tensor cannot hold a fractional mean, and truncating it silently is wrong. When every
+    element divides (identical counters such as BatchNorm's ``num_batches_tracked`` always do) the
+    exact mean is written; otherwise ``total`` gets ``keep``'s values back (what this rank passed)
+    and ``ValueError`` is raised. Every rank holds the same sum, so every rank decides the same.
+    """
+    if is_floating(total.dtype):
+        total.div_(world)
+        return
+    if total.dtype == torch.bool:  # the mean of flags is a fraction: a bool cannot hold it
+        total.copy_(keep)
+        raise ValueError("op 'mean' of a bool tensor is a fraction; reduce a floating tensor instead")
+    if bool(torch.remainder(total, world).any()):
+        total.copy_(keep)
+        raise ValueError(
+            f"op 'mean' of a {total.dtype} tensor: the sum does not divide by the world size ({world}), and an "
+            "integer tensor cannot hold the fraction; reduce a floating tensor (e.g. t.double()) or use op='sum' "
+            "(the tensor keeps this rank's values)"
         )
+    total.floor_divide_(world)

@@ -1,15 +1,12 @@
-"""`collect_results`: every rank's part of an evaluation, in dataset order, on one rank."""
+"""`collect_results`'s arguments and merge: every rank's part of an evaluation, back in dataset order."""
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
-if TYPE_CHECKING:
-    from communicator.base import Communicator
-
-__all__ = ["check_arguments", "collect_results", "merge_parts"]
+__all__ = ["check_arguments", "merge_parts"]
 
 T = TypeVar("T")
 ORDERS = ("interleave", "contiguous")
@@ -45,11 +42,3 @@ def merge_parts(parts: Sequence[Sequence[T]], size: int, order: str) -> list[T]:
             stacklevel=3,
         )
     return merged[:size]
-
-
-def collect_results(
-    comm: Communicator, results: Sequence[T], size: int, dst: int, order: str, device: str
-) -> list[T] | None:
-    check_arguments(results, size, order, device)
-    parts = comm.gather_object(list(results), dst=dst)
-    return None if parts is None else merge_parts(parts, size, order)

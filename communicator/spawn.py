@@ -10,11 +10,9 @@ import pathlib
 import pickle
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,19 +21,13 @@ import torch
 
 from communicator.config import CommConfig, ConfigLike
 from communicator.errors import CommTimeoutError, ConfigError, RemoteError, RemoteFailure
+from communicator.launchers.local import free_port
 
 __all__ = ["free_port", "launch"]
 
 # After one rank fails, the others get this long to notice (through the failure board) and report.
 GRACE_SECONDS = 5.0
 _PRELOAD = ["torch", "numpy", "communicator"]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -80,13 +72,47 @@ def _rank_main(
         # Plain pickle: multiprocessing's would share tensors through file descriptors that die with this process.
         conn.send_bytes(pickle.dumps(_Outcome(True, result)))
     except BaseException as error:  # noqa: BLE001 - every failure is reported to the parent
-        text = "".join(traceback.format_exception(error))
-        where = error.context if isinstance(error, RemoteError) else ""
-        failure = RemoteFailure(rank, type(error).__name__, str(error), text, where)
+        failure = RemoteFailure.of(rank, error, error.context if isinstance(error, RemoteError) else "")
         conn.send_bytes(pickle.dumps(_Outcome(False, failure=failure)))
     finally:
         conn.close()
         trace_file.close()
+
+
+_MAIN_GUARD = (
+    "each rank imports the script that called launch(); in a script, call launch() under "
+    '`if __name__ == "__main__":` so that importing it does not start ranks again'
+)
+
+
+def _refuse_rank_bootstrap() -> None:
+    """A rank importing a script without a main guard would start ranks of its own: say the rule."""
+    # multiprocessing marks a child that is still importing the parent's main module this way.
+    if getattr(mp.current_process(), "_inheriting", False):
+        script = getattr(sys.modules.get("__mp_main__"), "__file__", None) or "the script"
+        raise RuntimeError(f"launch() was called while a rank was importing {script}: {_MAIN_GUARD}")
+
+
+def _check_sendable(fn: Callable[..., Any], args: Sequence[Any]) -> None:
+    """Ranks receive ``fn`` by reference (module and name) and ``args`` pickled: refuse what cannot travel."""
+    try:
+        pickle.dumps(fn)
+    except Exception as error:  # noqa: BLE001 - any pickling failure means the same rule was broken
+        raise TypeError(
+            f"launch() needs a function defined at the top level of a module, so that each rank can import "
+            f"it by name; {getattr(fn, '__qualname__', fn)!r} is not one (a lambda, a nested function or a "
+            f"method of a local class cannot be sent): {error}"
+        ) from None
+    main = sys.modules.get("__main__")
+    if getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None):
+        raise TypeError(
+            f"launch() needs a function that each rank can import; {getattr(fn, '__qualname__', fn)!r} was defined "
+            "in an interactive session or with python -c, which the ranks cannot import: define it in a file"
+        )
+    try:
+        pickle.dumps(tuple(args))
+    except Exception as error:  # noqa: BLE001
+        raise TypeError(f"launch(): args must be picklable to reach the ranks: {error}") from None
 
 
 def _ranks_env(env: Mapping[str, str] | Callable[[int], Mapping[str, str]] | None, rank: int) -> dict[str, str]:
@@ -116,15 +142,18 @@ def launch(
             other ranks are released through the failure board and stopped after a short grace.
         CommTimeoutError: ``timeout`` (seconds) passed; the message holds every rank's stack.
 
-    Example::
-
+    Example:
+        ```python
         def work(comm):
             return comm.all_reduce(torch.tensor([comm.rank])).item()
 
         launch(work, 2)   # [1, 1]
+        ```
     """
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ConfigError(f"nproc={nproc!r} is invalid: expected a positive int")
+    _refuse_rank_bootstrap()
+    _check_sendable(fn, args)
     config = CommConfig.of(cfg if cfg is not None else {"backend": "gloo"})
     if config.launcher not in ("auto", "pytorch"):
         raise ConfigError(f"launch() starts torchrun-style ranks; launcher={config.launcher!r} cannot apply")
@@ -200,7 +229,7 @@ def _collect(
         ready = mpc.wait(objects, timeout=wait_for)
         for r in pending:
             if connections[r] in ready or processes[r].sentinel in ready:
-                outcome = _receive(processes[r], connections[r], r)
+                outcome = _receive(processes[r], connections[r], r, os.path.join(workdir, f"rank{r}.trace"))
                 if outcome is not None:
                     outcomes[r] = outcome
                     if not outcome.ok and failed_at is None:
@@ -208,7 +237,7 @@ def _collect(
     return [outcomes[r] for r in range(len(processes))]
 
 
-def _receive(process: mp.process.BaseProcess, conn: mpc.Connection, rank: int) -> _Outcome | None:
+def _receive(process: mp.process.BaseProcess, conn: mpc.Connection, rank: int, trace_path: str) -> _Outcome | None:
     try:
         if conn.poll():
             outcome: _Outcome = pickle.loads(conn.recv_bytes())
@@ -220,7 +249,10 @@ def _receive(process: mp.process.BaseProcess, conn: mpc.Connection, rank: int) -
         return None
     code = process.exitcode
     how = f"killed by signal {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-    return _Outcome(False, failure=RemoteFailure(rank, "ProcessDied", f"the rank's process {how} without reporting"))
+    message = f"the rank's process {how} without reporting"
+    if not os.path.exists(trace_path):  # the rank never reached its function: it failed while starting
+        message += f" while starting, before running the function (see its error output); a common cause: {_MAIN_GUARD}"
+    return _Outcome(False, failure=RemoteFailure(rank, "ProcessDied", message))
 
 
 def _launch_error(failures: list[RemoteFailure]) -> RemoteError:

@@ -1,13 +1,15 @@
 """Test distributed code for real: run a function on N gloo ranks, bounded, with every rank's stack on a hang.
 
-Use it directly::
+Use it directly:
 
-    from communicator.testing import run_ranks
+```python
+from communicator.testing import run_ranks
 
-    def check(comm):
-        return comm.all_gather_object(comm.rank)
+def check(comm):
+    return comm.all_gather_object(comm.rank)
 
-    assert run_ranks(check, 3) == [[0, 1, 2]] * 3
+assert run_ranks(check, 3) == [[0, 1, 2]] * 3
+```
 
 or as a pytest plugin (``pytest_plugins = ["communicator.pytest_plugin"]``): mark a test with
 ``@pytest.mark.world_size(1, 2, 4)`` and take the ``world_size`` and ``run`` fixtures; a world of

@@ -67,8 +67,6 @@ def test_all_reduce_every_op_and_dtype(run) -> None:
 
 
 def integer_mean_refused(comm: Communicator) -> str:
-    with pytest.raises(TypeError, match="truncate"):
-        comm.all_reduce(torch.tensor([1, 2]), op="mean")
     with pytest.raises(TypeError, match="integer or bool"):
         comm.all_reduce(torch.tensor([1.0]), op="bxor")
     with pytest.raises(ValueError, match="unknown reduce op"):
@@ -83,6 +81,31 @@ def integer_mean_refused(comm: Communicator) -> str:
 
 def test_bad_input_is_refused_before_communication(run, world_size: int) -> None:
     assert run(integer_mean_refused) == [f"{world_size:g}"] * world_size
+
+
+def integer_means(comm: Communicator) -> list[list[int]]:
+    seen = []
+    for reduce in (comm.all_reduce, lambda t, op: comm.reduce(t, dst=comm.world_size - 1, op=op)):
+        counters = torch.tensor([5, 7], dtype=torch.int64)  # identical on every rank: the mean is exact
+        assert reduce(counters, op="mean") is counters
+        seen.append(counters.tolist())
+        if comm.world_size > 1:  # a sum of 1 never divides: every rank refuses, and keeps its values
+            uneven = torch.tensor([1 if comm.rank == 0 else 0, 3], dtype=torch.int32)
+            with pytest.raises(ValueError, match="does not divide by the world size"):
+                reduce(uneven, op="mean")
+            seen.append(uneven.tolist())
+    params = torch.nn.Parameter(torch.full((3,), float(comm.rank)))
+    comm.all_reduce(params, op="mean")  # a leaf that requires grad, written where autograd does not look
+    seen.append([round(v * 2) for v in params.tolist()])
+    return seen
+
+
+def test_integer_mean_is_exact_or_refused_and_the_group_stays_usable(run, world_size: int) -> None:
+    mean_of_ranks = world_size - 1  # twice the mean of 0..world-1
+    for rank, seen in enumerate(run(integer_means)):
+        uneven = [[1 if rank == 0 else 0, 3]] if world_size > 1 else []
+        expected = [[5, 7], *uneven, [5, 7], *uneven, [mean_of_ranks] * 3]
+        assert seen == expected, (rank, seen)
 
 
 def gathers(comm: Communicator) -> bool:

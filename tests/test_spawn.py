@@ -4,7 +4,10 @@ rank and its traceback, hangs reported with every rank's stack, nothing left run
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +92,34 @@ def test_run_single_uses_a_nondist_comm() -> None:
 @pytest.mark.world_size(1, 3)
 def test_the_pytest_plugin_parametrizes_world_sizes(run, world_size: int) -> None:
     assert run(rank_and_args, 0, "p") == [(r, world_size, "p") for r in range(world_size)]
+
+
+def test_a_function_that_cannot_travel_is_refused_with_the_rule() -> None:
+    def nested(comm: Communicator) -> int:
+        return comm.rank
+
+    for fn in (lambda comm: comm.rank, nested):
+        with pytest.raises(TypeError, match="defined at the top level of a module"):
+            launch(fn, 2)
+    with pytest.raises(TypeError, match="args must be picklable"):
+        launch(rank_and_args, 2, None, (lambda: 0, "x"))
+
+
+_UNGUARDED_SCRIPT = """
+from communicator import launch
+
+def job(comm):
+    return comm.rank
+
+print(launch(job, 2, timeout=60))
+"""
+
+
+def test_a_script_without_a_main_guard_is_told_the_rule(tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(_UNGUARDED_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0
+    # Each rank says what it was doing and the rule; the parent names the dead ranks with the same rule.
+    assert f"launch() was called while a rank was importing {script}" in done.stderr
+    assert "ProcessDied" in done.stderr and 'if __name__ == "__main__":' in done.stderr

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from communicator import Communicator, NotMemberError
-from communicator.subgroup import SubgroupComm
+from communicator import Communicator, NotMemberError, SubgroupComm
 from communicator.testing import run_ranks
 
 GROUPS = [[0, 1], [2, 3], [1, 3], [3, 1, 0], [2]]

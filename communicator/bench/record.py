@@ -77,7 +77,10 @@ def to_json(plan: Plan, runs: Sequence[CaseRun], quick: bool) -> dict[str, Any]:
         "environment": _environment(),
         "all_correct": all_correct(runs),
         "cases": {run.case: _case_record(run) for run in runs},
-        "targets": [
+        # Targets are set for the full payloads; a quick run does not judge them.
+        "targets": []
+        if quick
+        else [
             {"case": o.target.case, "target": o.target.label, "ratio": o.ratio, "met": o.met} for o in evaluate(runs)
         ],
     }

@@ -19,9 +19,12 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from communicator import __version__
+
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="communicator", description="One object for distributed PyTorch.")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"communicator {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     module = None
     for name, help_text in COMMANDS.items():
@@ -30,7 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             module = importlib.import_module(f"communicator.cli.{name}")
             module.add_arguments(sub)
     args = parser.parse_args(argv)
-    assert module is not None
+    if module is None:  # no command: say what there is to run
+        parser.print_help()
+        return 0
     code: int = module.run(args)
     return code
 

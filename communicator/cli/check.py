@@ -267,12 +267,19 @@ def _all_reduce_inference(comm: Communicator, n: int) -> None:
     _expect_tensor(tensor, _ramp(_last(comm), n), "all_reduce(op='max') of an inference tensor")
 
 
-def _integer_mean_refused(comm: Communicator, n: int) -> None:
-    try:
-        comm.all_reduce(torch.ones(2, dtype=torch.int64), op="mean")
-    except TypeError:
+def _integer_mean(comm: Communicator, n: int) -> None:
+    counters = torch.full((2,), 7, dtype=torch.int64)  # identical on every rank: the mean is exact
+    comm.all_reduce(counters, op="mean")
+    _expect_tensor(counters, torch.full((2,), 7, dtype=torch.int64), "all_reduce(op='mean') of equal int64 counters")
+    if comm.world_size == 1:
         return
-    raise Mismatch("all_reduce(op='mean') of an int64 tensor did not raise TypeError (it would truncate)")
+    uneven = torch.tensor([1 if comm.rank == 0 else 0], dtype=torch.int64)  # a sum of 1 never divides
+    try:
+        comm.all_reduce(uneven, op="mean")
+    except ValueError:
+        _expect_tensor(uneven, torch.tensor([1 if comm.rank == 0 else 0]), "a refused integer mean's tensor")
+        return
+    raise Mismatch(f"all_reduce(op='mean') of int64 values summing to 1 gave {uneven.tolist()}: it must refuse")
 
 
 def _broadcast(comm: Communicator, n: int) -> None:
@@ -591,7 +598,7 @@ CHECKS: tuple[Check, ...] = (
     *(Check(f"all_reduce[{op}]", functools.partial(_all_reduce, op)) for op in REDUCE_OPS),
     Check("all_reduce(async_op)", _all_reduce_async),
     Check("all_reduce[inference_mode]", _all_reduce_inference),
-    Check("all_reduce[int mean refused]", _integer_mean_refused, sized=False),
+    Check("all_reduce[int mean exact]", _integer_mean, sized=False),
     Check("all_reduce[late rank]", _all_reduce_late_rank, sized=False),
     Check("broadcast", _broadcast),
     Check("reduce", _reduce),

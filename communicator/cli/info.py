@@ -9,9 +9,11 @@ import platform
 import torch
 import torch.distributed as dist
 
+from communicator.base import Communicator
 from communicator.config import CommConfig
 from communicator.errors import ConfigError
-from communicator.launchers import describe_environment, detect_launcher
+from communicator.factory import decide
+from communicator.launchers import describe_environment
 
 __all__ = ["add_arguments", "explain", "run"]
 
@@ -22,31 +24,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def explain(config: CommConfig) -> list[str]:
-    """The lines ``info`` prints: the decision, then the evidence."""
-    lines = []
-    if config.type is not None:
-        lines.append(f"decision: the registered communicator {config.type!r}")
-    elif config.launcher == "none":
-        lines.append("decision: NonDistComm (launcher='none')")
-    elif dist.is_available() and dist.is_initialized():
-        lines.append("decision: TorchComm adopting the initialised default group")
+    """The lines ``info`` prints: the decision ``create()`` would make here, then the evidence."""
+    try:
+        decision = decide(config, Communicator.registered())
+    except ConfigError as error:
+        lines = [f"decision: none, create() would raise ConfigError: {error}"]
     else:
-        try:
-            env = detect_launcher(config.launcher, master_addr=config.master_addr, master_port=config.master_port)
-        except ConfigError as error:
-            lines.append(f"decision: none, create() would raise ConfigError: {error}")
-        else:
-            if env is None:
-                lines.append("decision: NonDistComm (no launcher variables found)")
-            else:
-                lines.append(f"decision: TorchComm owning a new group; {env.explain()}")
-                lines.append(
-                    f"  rank {env.rank} of {env.world_size}, local rank {env.local_rank} of {env.local_size}, "
-                    f"node {env.node_rank} of {env.num_nodes}, master {env.master_addr}:{env.master_port}"
-                )
-    cuda = torch.cuda.is_available()
-    backend = config.backend if config.backend != "auto" else ("nccl" if cuda else "gloo")
-    lines.append(f"backend: {backend} (configured {config.backend!r})")
+        built = Communicator.registered()[decision.type]
+        lines = [f"decision: {built.__name__}: {decision.reason}"]
+        env = decision.launcher
+        if env is not None:
+            lines.append(
+                f"  rank {env.rank} of {env.world_size}, local rank {env.local_rank} of {env.local_size}, "
+                f"node {env.node_rank} of {env.num_nodes}, master {env.master_addr}:{env.master_port}"
+            )
+        lines.append(f"backend: {decision.backend} (configured {config.backend!r})")
     lines.append("launchers:")
     lines.extend(f"  {line}" for line in describe_environment())
     lines.append(
@@ -60,7 +52,7 @@ def explain(config: CommConfig) -> list[str]:
             )
         )
     )
-    devices = torch.cuda.device_count() if cuda else 0
+    devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
     lines.append(
         f"devices: cpu, {devices} CUDA device(s)"
         + (f" (visible: {os.environ.get('CUDA_VISIBLE_DEVICES')})" if devices else "")

@@ -19,10 +19,13 @@ from communicator.launchers.mpich import MPICHEnv
 from communicator.launchers.mvapich import MVAPICHEnv
 from communicator.launchers.openmpi import OpenMPIEnv
 from communicator.launchers.slurm import SlurmEnv
+from communicator.launchers.topology import EnvironmentPatch, Topology
 from communicator.launchers.torchrun import TorchrunEnv
 
 __all__ = [
     "LAUNCHERS",
+    "EnvironmentPatch",
+    "Topology",
     "LauncherEnv",
     "MPICHEnv",
     "MPIEnv",

@@ -9,10 +9,14 @@ import re
 from collections.abc import Mapping
 
 from communicator.errors import ConfigError
+from communicator.launchers.topology import Topology
 
-__all__ = ["LauncherEnv", "check_port", "read_int"]
+__all__ = ["LauncherEnv", "check_host", "check_port", "is_host", "read_int"]
 
 _INTEGER = re.compile(r"-?[0-9]+")
+# A DNS name or IPv4 address (letters, digits, '-', '_', dots between labels), or an IPv6 literal.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+_IPV6 = re.compile(r"[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*(?:%[A-Za-z0-9_.-]+)?")
 
 
 def read_int(environ: Mapping[str, str], name: str, *, minimum: int = 0, launcher: str = "") -> int | None:
@@ -28,6 +32,18 @@ def read_int(environ: Mapping[str, str], name: str, *, minimum: int = 0, launche
     if value < minimum:
         raise ConfigError(f"{where}{name}={raw!r} is out of range; {expected}")
     return value
+
+
+def is_host(text: str) -> bool:
+    """Whether ``text`` can be a rendezvous host: a host name, an IPv4 or an IPv6 address."""
+    return _HOST_NAME.fullmatch(text) is not None or _IPV6.fullmatch(text) is not None
+
+
+def check_host(host: str, what: str) -> str:
+    """``host`` when it can be a rendezvous host; ``what`` names its origin in the error."""
+    if not is_host(host):
+        raise ConfigError(f"{what}={host!r} is not a host name or IP address; expected e.g. 'node01' or '10.0.0.1'")
+    return host
 
 
 def check_port(port: int, what: str) -> int:
@@ -122,6 +138,10 @@ class LauncherEnv(abc.ABC):
         """Port of the rendezvous store: the configured one, else what the environment implies."""
         return self._master_port_with_origin()[0]
 
+    def topology(self) -> Topology:
+        """Where this process sits in the job, as the launcher says."""
+        return Topology(self.local_rank, self.local_size, self.node_rank, self.num_nodes)
+
     def validate(self) -> None:
         """Read every property once (``explain`` does), so a malformed variable raises here."""
         self.explain()
@@ -135,6 +155,7 @@ class LauncherEnv(abc.ABC):
             "LOCAL_RANK": str(self.local_rank),
             "LOCAL_WORLD_SIZE": str(self.local_size),
             "GROUP_RANK": str(self.node_rank),
+            "GROUP_WORLD_SIZE": str(self.num_nodes),
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
         }
@@ -152,8 +173,9 @@ class LauncherEnv(abc.ABC):
 
     def _master_addr_with_origin(self) -> tuple[str, str]:
         if self._master_addr is not None:
-            return self._master_addr, "configuration"
-        return self._master_addr_from_env()
+            return check_host(self._master_addr, "master_addr"), "configuration"
+        addr, origin = self._master_addr_from_env()
+        return check_host(addr, f"the master host ({origin})"), origin
 
     def _master_port_with_origin(self) -> tuple[int, str]:
         if self._master_port is not None:

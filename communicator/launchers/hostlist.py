@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from communicator.errors import ConfigError
+from communicator.launchers.base import is_host
 
 __all__ = ["expand_hostlist", "first_host"]
 
@@ -72,7 +73,8 @@ def _scontrol_first_host(nodelist: str, environ: Mapping[str, str]) -> str | Non
     except (OSError, subprocess.TimeoutExpired):
         return None
     hosts = done.stdout.split()
-    return hosts[0] if done.returncode == 0 and hosts else None
+    # scontrol echoes some malformed lists back unchanged: only a real host name counts.
+    return hosts[0] if done.returncode == 0 and hosts and is_host(hosts[0]) else None
 
 
 def _parse(hostlist: str) -> list[list[_Part]]:

@@ -35,7 +35,8 @@ def test_quick_bench_records_every_call(tmp_path: Path, capsys: pytest.CaptureFi
                 assert record["correct"] is True, (case.name, op, impl)
                 assert record["median_ms"] > 0
                 assert len(record["times_ms"]) == 2
-    assert report["targets"], "every case ran, so every target is evaluated"
+    assert report["targets"] == []  # set for the full payloads: a quick run does not judge them
     printed = capsys.readouterr().out
     assert "torch/ours" in printed
     assert all(case.name in printed for case in CASES)
+    assert "MISSED" not in printed and "not judged in a --quick run" in printed

@@ -677,3 +677,12 @@ def test_describe_environment_reads_os_environ(monkeypatch: pytest.MonkeyPatch) 
     for name, value in OPENMPI.items():
         monkeypatch.setenv(name, value)
     assert any(line.startswith("openmpi: detected") for line in describe_environment())
+
+
+@pytest.mark.parametrize("addr", ["node]", "two words", "tcp://host", "[::1]"])
+def test_a_master_address_that_is_no_host_is_a_config_error(addr: str) -> None:
+    environ = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": addr, "MASTER_PORT": "29500"}
+    with pytest.raises(ConfigError, match="is not a host name or IP address"):
+        detect_launcher("auto", environ)
+    with pytest.raises(ConfigError, match="master_addr"):
+        detect_launcher("auto", {**environ, "MASTER_ADDR": "ok"}, master_addr=addr)

@@ -104,7 +104,7 @@ def test_first_host_falls_back_to_scontrol_only_when_parsing_fails(tmp_path: Pat
 
 
 @pytest.mark.skipif(os.name != "posix", reason="the fake scontrol is a shell script")
-@pytest.mark.parametrize("script", ["exit 1", "true"])
+@pytest.mark.parametrize("script", ["exit 1", "true", 'echo "$3"'])  # the last echoes the list back
 def test_failing_scontrol_keeps_the_parse_error(tmp_path: Path, script: str) -> None:
     with pytest.raises(ConfigError, match="']' without '\\['"):
         first_host("odd]", _fake_scontrol(tmp_path, script))

@@ -254,7 +254,8 @@ def test_info_names_the_launcher_under_srun() -> None:
     code, output, report = _launch(["srun", "-N1", "-n1", sys.executable, "-m", "communicator", "info"], _job_environ())
     assert code == 0, report
     decision = output.splitlines()[0]
-    assert decision.startswith("decision: TorchComm owning a new group; slurm: rank 0 of 1"), report
+    assert decision.startswith("decision: TorchComm: slurm: rank 0 of 1"), report
+    assert decision.endswith("start and own a gloo group"), report
     assert "host: first host of SLURM_STEP_NODELIST" in decision and "port: SLURM_JOB_ID=" in decision, report
 
 
@@ -301,7 +302,7 @@ def test_sbatch_job_runs_srun_steps(tmp_path: Path) -> None:
     _wait_for_job(job_id, RUN_TIMEOUT)
     output = output_file.read_text() if output_file.exists() else ""
     report = f"sbatch job {job_id}:\n{output}"
-    assert output.startswith("decision: NonDistComm (no launcher variables found)"), report
+    assert output.startswith("decision: NonDistComm: no launcher variables found"), report
     assert "job exit 0" in output and "check exit 0" in output, report
     _assert_ok_lines(output, "slurm", 2, report)
     _assert_check_passed(output, "slurm", 2, report)

@@ -1,0 +1,14 @@
+"""Jobs whose ranks all run on this machine."""
+
+from __future__ import annotations
+
+import socket
+
+__all__ = ["free_port"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,372 @@
+"""The pickled-object protocol: how every object collective moves Python values.
+
+Every object collective starts with one fixed-size record per rank (:data:`RECORD_BYTES`). A
+record carries the encoded object inline when it fits, so a small object needs that one
+collective; or the length of its frame, whose exact bytes then go point to point (nothing is
+padded); or a failure report, so that a rank which cannot serialise releases every peer at once
+instead of leaving them waiting. The receiver raises the sender's failure as a
+:class:`~communicator.errors.RemoteError`.
+
+The bytes travel on a :class:`Channel`: fixed-size records in collectives, exact-size payloads
+point to point. A communicator supplies its own (``Communicator._object_channel``);
+:class:`PrimitiveChannel` builds one from any communicator's tensor primitives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+import numpy as np
+import torch
+
+from communicator.arguments import TRANSFER_TAG
+from communicator.errors import RemoteError, RemoteFailure
+from communicator.serialization import Codec, pack_frame, receive_device, unpack_frame
+
+__all__ = [
+    "RECORD_BYTES",
+    "Channel",
+    "Port",
+    "PrimitiveChannel",
+    "all_gather_bytes",
+    "all_gather_object",
+    "broadcast_object_list",
+    "broadcast_object",
+    "check_records",
+    "empty_record",
+    "failure_record",
+    "gather_object",
+    "recv_object",
+    "scatter_object",
+    "send_object",
+]
+
+T = TypeVar("T")
+
+RECORD_BYTES = 2048
+_HEAD = struct.Struct("<BxxxxxxxQ")  # kind, length
+INLINE_BYTES = RECORD_BYTES - _HEAD.size
+EMPTY, INLINE, LARGE, FAILED = 0, 1, 2, 3
+
+
+class Channel(Protocol):
+    """How object bytes travel between the ranks of one communicator (ranks are local to it)."""
+
+    rank: int
+    world_size: int
+
+    def all_gather(self, record: np.ndarray) -> list[np.ndarray]:
+        """Every rank's record (same length everywhere), in rank order."""
+        ...
+
+    def gather(self, record: np.ndarray, dst: int) -> list[np.ndarray] | None:
+        """Every rank's record on ``dst`` (rank order), ``None`` elsewhere."""
+        ...
+
+    def broadcast(self, record: np.ndarray, src: int) -> np.ndarray:
+        """``src``'s record on every rank."""
+        ...
+
+    def scatter(self, records: Sequence[np.ndarray] | None, src: int, size: int) -> np.ndarray:
+        """Rank ``i`` gets ``records[i]`` (``size`` bytes each) from ``src``; the others pass ``None``."""
+        ...
+
+    def exchange(self, sends: Mapping[int, np.ndarray], recvs: Mapping[int, np.ndarray]) -> None:
+        """Send ``sends[r]`` to rank ``r`` and fill ``recvs[r]`` from rank ``r``; every length is known."""
+        ...
+
+
+Work = Any
+Waiter = Callable[[Sequence[Work]], None]
+
+
+class PrimitiveChannel:
+    """A :class:`Channel` over a communicator's tensor primitives (uint8 CPU tensors).
+
+    ``all_gather(outputs, tensor)``, ``broadcast(tensor, src)``, ``isend(tensor, dst, tag)`` and
+    ``irecv(tensor, src, tag)`` start operations; ``wait(works)`` finishes them.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        all_gather: Callable[[list[torch.Tensor], torch.Tensor], Work],
+        broadcast: Callable[[torch.Tensor, int], Work],
+        isend: Callable[[torch.Tensor, int, int], Work],
+        irecv: Callable[[torch.Tensor, int, int], Work],
+        wait: Waiter,
+    ) -> None:
+        self.rank, self.world_size = rank, world_size
+        self._all_gather, self._broadcast, self._isend, self._irecv, self._wait = (
+            all_gather,
+            broadcast,
+            isend,
+            irecv,
+            wait,
+        )
+
+    def all_gather(self, record: np.ndarray) -> list[np.ndarray]:
+        outputs = [torch.empty(record.size, dtype=torch.uint8) for _ in range(self.world_size)]
+        self._wait([self._all_gather(outputs, torch.from_numpy(record))])
+        return [output.numpy() for output in outputs]
+
+    def gather(self, record: np.ndarray, dst: int) -> list[np.ndarray] | None:
+        rows = self.all_gather(record)
+        return rows if self.rank == dst else None
+
+    def broadcast(self, record: np.ndarray, src: int) -> np.ndarray:
+        tensor = torch.from_numpy(record.copy())
+        self._wait([self._broadcast(tensor, src)])
+        return tensor.numpy()
+
+    def scatter(self, records: Sequence[np.ndarray] | None, src: int, size: int) -> np.ndarray:
+        if self.rank != src:
+            received = np.empty(size, dtype=np.uint8)
+            self.exchange({}, {src: received})
+            return received
+        assert records is not None
+        self.exchange({r: records[r] for r in range(self.world_size) if r != src}, {})
+        return records[src]
+
+    def exchange(self, sends: Mapping[int, np.ndarray], recvs: Mapping[int, np.ndarray]) -> None:
+        if sends or recvs:  # receives first, so no send waits for a receive that was never posted
+            works = [self._irecv(torch.from_numpy(a), r, TRANSFER_TAG) for r, a in recvs.items()]
+            works += [self._isend(torch.from_numpy(a), r, TRANSFER_TAG) for r, a in sends.items()]
+            self._wait(works)
+
+
+# -- records ------------------------------------------------------------------------------------
+
+
+class Record:
+    """A parsed record: what one rank announced."""
+
+    __slots__ = ("kind", "length", "raw")
+
+    def __init__(self, raw: np.ndarray) -> None:
+        self.kind, self.length = _HEAD.unpack_from(raw.data, 0)
+        self.raw = raw
+
+    @property
+    def inline(self) -> memoryview:
+        return self.raw.data[_HEAD.size : _HEAD.size + self.length]
+
+    @property
+    def is_large(self) -> bool:
+        return bool(self.kind == LARGE)
+
+    def failure(self) -> RemoteFailure | None:
+        """The failure this record reports (naming the rank it came from), if it reports one."""
+        return RemoteFailure.from_json(bytes(self.inline)) if self.kind == FAILED else None
+
+
+def empty_record() -> np.ndarray:
+    return np.zeros(RECORD_BYTES, dtype=np.uint8)
+
+
+def _record(kind: int, payload: np.ndarray | bytes) -> np.ndarray:
+    out = np.zeros(RECORD_BYTES, dtype=np.uint8)
+    data = np.frombuffer(payload, dtype=np.uint8) if isinstance(payload, bytes) else payload
+    _HEAD.pack_into(out.data, 0, kind, data.size)
+    out[_HEAD.size : _HEAD.size + data.size] = data
+    return out
+
+
+def frame_record(frame: np.ndarray) -> np.ndarray:
+    """A record announcing ``frame``, inline when it fits."""
+    if frame.nbytes <= INLINE_BYTES:
+        return _record(INLINE, frame)
+    out = np.zeros(RECORD_BYTES, dtype=np.uint8)
+    _HEAD.pack_into(out.data, 0, LARGE, frame.nbytes)
+    return out
+
+
+def failure_record(failure: RemoteFailure) -> np.ndarray:
+    """A record reporting ``failure`` (its traceback cut to fit)."""
+    return _record(FAILED, failure.to_json(INLINE_BYTES))
+
+
+def check_records(rows: Sequence[np.ndarray], own_error: BaseException | None, where: str) -> list[Record]:
+    """Parse records; raise this rank's own error, or a ``RemoteError`` naming every failed rank."""
+    records = [Record(row) for row in rows]
+    if own_error is not None:
+        raise own_error
+    failures = [f for rec in records if (f := rec.failure()) is not None]
+    if failures:
+        raise RemoteError(failures, context=where)
+    return records
+
+
+# -- encoding -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Port:
+    """What the protocol needs from a communicator: its channel, codec and receiving device."""
+
+    channel: Channel
+    codec: Codec
+    device: torch.device | None  # where CUDA tensors inside received objects go (None: the CPU)
+
+    def encode(self, obj: Any, where: str) -> tuple[np.ndarray, np.ndarray, BaseException | None]:
+        """(frame, record, error): a failing encoder becomes a failure record, not a hang."""
+        try:
+            frame = pack_frame(self.codec.encode(obj))
+        except Exception as error:  # noqa: BLE001 - every encoding failure must reach the peers
+            return _NOTHING, failure_record(RemoteFailure.of(self.channel.rank, error, where)), error
+        return frame, frame_record(frame), None
+
+    def decode(self, data: memoryview, sender: int) -> Any:
+        token = receive_device.set(self.device)
+        try:
+            stream, buffers = unpack_frame(data)
+            return self.codec.decode(stream, buffers)
+        except Exception as error:
+            error.add_note(f"while decoding the object sent by rank {sender}")
+            raise
+        finally:
+            receive_device.reset(token)
+
+    def receive(self, record: Record, sender: int) -> Any:
+        """The object ``record`` announced: inline, or fetched from ``sender`` point to point."""
+        if not record.is_large:
+            return self.decode(record.inline, sender)
+        data = np.empty(record.length, dtype=np.uint8)
+        self.channel.exchange({}, {sender: data})
+        return self.decode(data.data, sender)
+
+    def decode_all(self, records: Sequence[Record], frames: Mapping[int, np.ndarray], own: T) -> list[T]:
+        """Every rank's object; this rank's own is the object itself (as in one process), not a copy."""
+        me = self.channel.rank
+        return [
+            own if r == me else self.decode(frames[r].data if rec.is_large else rec.inline, r)
+            for r, rec in enumerate(records)
+        ]
+
+
+_NOTHING = np.empty(0, dtype=np.uint8)
+
+
+def _large_frames(records: Sequence[Record], skip: int) -> dict[int, np.ndarray]:
+    return {r: np.empty(rec.length, dtype=np.uint8) for r, rec in enumerate(records) if rec.is_large and r != skip}
+
+
+# -- the collectives ----------------------------------------------------------------------------
+
+
+def all_gather_object(port: Port, obj: T) -> list[T]:
+    where, channel = "all_gather_object", port.channel
+    frame, record, error = port.encode(obj, where)
+    records = check_records(channel.all_gather(record), error, where)
+    frames = _large_frames(records, channel.rank)
+    mine = records[channel.rank].is_large
+    channel.exchange({r: frame for r in range(channel.world_size) if r != channel.rank} if mine else {}, frames)
+    return port.decode_all(records, frames, own=obj)
+
+
+def gather_object(port: Port, obj: T, dst: int) -> list[T] | None:
+    where, channel = "gather_object", port.channel
+    frame, record, error = port.encode(obj, where)
+    rows = channel.gather(record, dst)
+    # Only dst saw every record: it passes the first failure on, so that every rank raises.
+    records = [Record(row) for row in rows] if rows is not None else []
+    failures = [f for rec in records if (f := rec.failure()) is not None]
+    verdict = failure_record(failures[0]) if failures else empty_record()
+    received = Record(channel.broadcast(verdict, dst)).failure()
+    if error is not None:
+        raise error
+    if received is not None:
+        raise RemoteError([received], context=where)
+    if channel.rank != dst:
+        channel.exchange({dst: frame} if Record(record).is_large else {}, {})
+        return None
+    frames = _large_frames(records, dst)
+    channel.exchange({}, frames)
+    return port.decode_all(records, frames, own=obj)
+
+
+def broadcast_object(port: Port, obj: T, src: int) -> T:
+    where, channel = "broadcast_object", port.channel
+    frame, record, error = port.encode(obj, where) if channel.rank == src else (_NOTHING, empty_record(), None)
+    received = check_records([channel.broadcast(record, src)], error, where)[0]
+    if channel.rank == src:
+        if received.is_large:
+            channel.exchange({r: frame for r in range(channel.world_size) if r != src}, {})
+        return obj
+    return port.receive(received, src)  # type: ignore[no-any-return]
+
+
+def broadcast_object_list(port: Port, objects: list[Any], src: int) -> list[Any]:
+    """torch's form: ``objects``' items replaced in place by ``src``'s (lists of one length)."""
+    rank = port.channel.rank
+    received: list[Any] = broadcast_object(port, objects if rank == src else [], src)
+    if len(received) != len(objects):
+        raise ValueError(f"broadcast_object_list: rank {rank} has {len(objects)} items, src {src} sent {len(received)}")
+    objects[:] = received
+    return objects
+
+
+def scatter_object(port: Port, objects: Sequence[T] | None, src: int) -> T:
+    where, channel = "scatter_object", port.channel
+    frames: list[np.ndarray] = []
+    rows: list[np.ndarray] | None = None
+    error: BaseException | None = None
+    if channel.rank == src:
+        frames, rows, error = _encode_each(port, objects, where)
+    received = check_records([channel.scatter(rows, src, RECORD_BYTES)], error, where)[0]
+    if channel.rank == src:
+        assert rows is not None and objects is not None
+        large = {r: frames[r] for r in range(channel.world_size) if r != src and Record(rows[r]).is_large}
+        channel.exchange(large, {})
+        return objects[src]
+    return port.receive(received, src)  # type: ignore[no-any-return]
+
+
+def _encode_each(
+    port: Port, objects: Sequence[Any] | None, where: str
+) -> tuple[list[np.ndarray], list[np.ndarray], BaseException | None]:
+    """Frames and records for a scatter; on any failure, the failure record for every rank."""
+    world = port.channel.world_size
+    if objects is None or isinstance(objects, (str, bytes)) or len(objects) != world:
+        got = "None" if objects is None else f"{type(objects).__name__} of length {len(objects)}"
+        error = ValueError(f"{where}: src must pass a sequence of {world} objects, got {got}")
+        return [], [failure_record(RemoteFailure.of(port.channel.rank, error, where))] * world, error
+    frames, rows = [], []
+    for item in objects:
+        frame, record, item_error = port.encode(item, where)
+        if item_error is not None:
+            return [], [record] * world, item_error
+        frames.append(frame)
+        rows.append(record)
+    return frames, rows, None
+
+
+def send_object(port: Port, obj: Any, dst: int) -> None:
+    frame, record, error = port.encode(obj, "send_object")
+    port.channel.exchange({dst: record}, {})
+    if error is not None:
+        raise error
+    if Record(record).is_large:
+        port.channel.exchange({dst: frame}, {})
+
+
+def recv_object(port: Port, src: int) -> Any:
+    raw = np.empty(RECORD_BYTES, dtype=np.uint8)
+    port.channel.exchange({}, {src: raw})
+    return port.receive(check_records([raw], None, "send_object")[0], src)
+
+
+def all_gather_bytes(channel: Channel, data: bytes) -> list[bytes]:
+    """Every rank's ``data``, whatever its length: inline in the records when it fits."""
+    frame = np.frombuffer(data, dtype=np.uint8)
+    records = [Record(row) for row in channel.all_gather(frame_record(frame))]
+    frames = _large_frames(records, channel.rank)
+    mine = records[channel.rank].is_large
+    channel.exchange({r: frame for r in range(channel.world_size) if r != channel.rank} if mine else {}, frames)
+    return [
+        data if r == channel.rank else bytes(frames[r] if rec.is_large else rec.inline) for r, rec in enumerate(records)
+    ]

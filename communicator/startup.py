@@ -1,0 +1,116 @@
+"""Starting a job's process group from what its launcher says.
+
+``start`` initialises torch's default group for this process (a world of one on a free local
+port when no launcher is there) and returns what the communicator that owns it must remember:
+the layout, why, the environment it set, and whether this process serves the rendezvous store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, TCPStore
+
+from communicator.config import CommConfig
+from communicator.errors import CommError, ConfigError
+from communicator.launchers import EnvironmentPatch, LauncherEnv, Topology, TorchrunEnv
+from communicator.launchers.local import free_port
+
+__all__ = ["Started", "resolve_backend", "start", "world_of_one"]
+
+
+def resolve_backend(backend: str, local_size: int = 1) -> str:
+    """``auto`` means nccl when CUDA is usable with a GPU for each local rank, else gloo; an
+    unavailable backend, or nccl with fewer GPUs than local ranks, is a ConfigError."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "nccl" if dist.is_nccl_available() and gpus >= local_size else "gloo"
+    if backend == "nccl" and 0 < gpus < local_size:
+        raise ConfigError(
+            f"backend='nccl' needs one GPU per local rank: {local_size} ranks on this node but {gpus} GPU(s) "
+            "visible; use backend='gloo' or fewer ranks per node"
+        )
+    available = {
+        "gloo": dist.is_gloo_available(),
+        "nccl": dist.is_nccl_available() and torch.cuda.is_available(),
+        "mpi": dist.is_mpi_available(),
+    }
+    if not available[backend]:
+        raise ConfigError(
+            f"backend={backend!r} is not available in this torch build or machine: "
+            f"available are {[name for name, ok in available.items() if ok]}"
+        )
+    return backend
+
+
+def world_of_one() -> LauncherEnv:
+    """The launcher environment of a single process on a free local port."""
+    return TorchrunEnv({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
+
+
+@dataclasses.dataclass
+class Started:
+    """What an owning communicator remembers of the group it started."""
+
+    topology: Topology
+    reason: str
+    environment: EnvironmentPatch
+    hosts_store: bool  # this process serves the rendezvous store: it must leave last
+
+
+_started = 0  # groups this process has started: every rank of a job counts the same way
+
+
+def _agent_store() -> bool:
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def _rendezvous_port(port: int) -> int:
+    """``port`` for the first group a process starts, ``port + k`` for the k-th after it.
+
+    World rank 0 serves the store; when it closes a group, a peer that is quicker to start the next
+    one could still reach the old store and read its stale keys. A new port per group rules that out.
+    """
+    return (port - 1 + _started - 1) % 65535 + 1  # stays within 1..65535
+
+
+def start(config: CommConfig, env: LauncherEnv) -> Started:
+    """Initialise torch's default group as ``env`` describes this process."""
+    global _started
+    _started += 1
+    backend = resolve_backend(config.backend, env.local_size)
+    if backend == "nccl":
+        torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
+    environment = EnvironmentPatch(env.env_updates())
+    host = f"[{env.master_addr}]" if ":" in env.master_addr else env.master_addr
+    where = config.init_method or f"tcp://{host}:{env.master_port}"
+    try:
+        if config.init_method is None and _agent_store():
+            # torchrun's agent serves the store on MASTER_PORT; every group started in this job gets
+            # keys of its own there, or a second group would meet the first one's stale keys.
+            agent = TCPStore(env.master_addr, env.master_port, is_master=False, timeout=config.timeout)
+            store = PrefixStore(f"communicator/start{_started}/", agent)
+            dist.init_process_group(
+                backend, store=store, rank=env.rank, world_size=env.world_size, timeout=config.timeout
+            )
+            hosts_store = False
+        else:
+            if config.init_method is None:
+                where = f"tcp://{host}:{_rendezvous_port(env.master_port)}"
+            dist.init_process_group(
+                backend, init_method=where, rank=env.rank, world_size=env.world_size, timeout=config.timeout
+            )
+            hosts_store = env.rank == 0 and not where.startswith("file:")
+    except BaseException as error:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        environment.restore()
+        if isinstance(error, (CommError, KeyboardInterrupt)):
+            raise
+        raise CommError(
+            f"could not start the {backend} group at {where} (rank {env.rank} of {env.world_size}): {error}"
+        ) from error
+    return Started(env.topology(), f"{env.explain()}; initialised {backend} at {where}", environment, hosts_store)

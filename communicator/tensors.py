@@ -1,0 +1,41 @@
+"""The staging that lets a backend work on any tensor (another device, a non-contiguous view, a
+parameter, an inference tensor), and the write-back of the result into the user's tensor."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+__all__ = ["editing", "stage", "write_back"]
+
+
+def stage(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` as the backend needs it: contiguous and on ``device`` (the tensor itself when it is)."""
+    if tensor.device != device:
+        with editing(tensor):
+            return tensor.to(device).contiguous()
+    if tensor.is_contiguous():
+        return tensor
+    with editing(tensor):
+        return tensor.contiguous()
+
+
+def editing(*tensors: torch.Tensor) -> contextlib.AbstractContextManager[Any]:
+    """The mode in which the library may write into the user's tensors.
+
+    Inference tensors can only be written in inference mode; parameters and other leaves that
+    require grad only where autograd does not record (``no_grad``): torch's own collectives
+    write into both without complaint, and so must the copies and divisions done around them.
+    """
+    if not torch.is_inference_mode_enabled() and any(t.is_inference() for t in tensors):
+        return torch.inference_mode()
+    return torch.no_grad()
+
+
+def write_back(tensor: torch.Tensor, staged: torch.Tensor) -> None:
+    """Copy a staged result into the user's tensor when the work was done on a copy."""
+    if staged is not tensor:
+        with editing(tensor, staged):
+            tensor.copy_(staged.reshape(tensor.shape))
