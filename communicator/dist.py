@@ -485,7 +485,11 @@ def all_reduce_params(
         [tensor([3., 5.]), tensor([7.])]  # rank 1
     """
     comm = comm_for(group)
-    tensors = [param.data for param in params]
+    tensors = []
+    for index, param in enumerate(params):
+        if not isinstance(param, torch.Tensor):
+            raise TypeError(f"all_reduce_params: params must hold tensors, item {index} is a {type(param).__name__}")
+        tensors.append(param.data)
     if not coalesce:
         for tensor in tensors:
             comm.all_reduce(tensor, op=op)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -271,3 +273,137 @@ def test_rank_queries(run, world_size: int) -> None:
     assert all(r[1] == world_size and r[2] == (r[0], world_size) for r in results)
     assert [r[3] for r in results] == [True] + [False] * (world_size - 1)
     assert all(r[4] == (world_size > 1) and r[5] == "cpu" for r in results)
+
+
+def _ints(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+    return (
+        torch.tensor(values, dtype=torch.float32).to(dtype)
+        if dtype.is_floating_point
+        else torch.tensor(values).to(dtype)
+    )
+
+
+def every_dtype(comm: Communicator) -> list[str]:
+    """Every dtype the library moves, through reductions and data movement. gloo refuses some of
+    them natively ("Invalid scalar type"); none may fail here, nor leave the communicator unusable."""
+    from communicator.ops import WIRE_DTYPES
+
+    world, rank = comm.world_size, comm.rank
+    done = []
+    for dtype in WIRE_DTYPES:
+        numeric = dtype not in (torch.bool, torch.complex64, torch.complex128)
+        if numeric:  # small whole numbers: exact in every dtype, float8 included
+            t = _ints([rank + 1, 1], dtype)
+            comm.all_reduce(t)
+            assert t.tolist() == _ints([world * (world + 1) // 2, world], dtype).tolist(), (dtype, t)
+            for op, want in (("max", world), ("min", 1), ("product", math.factorial(world))):
+                t = _ints([rank + 1], dtype)
+                comm.all_reduce(t, op=op)
+                assert t.item() == want, (dtype, op, t)
+            r = _ints([rank + 1], dtype)
+            comm.reduce(r, dst=world - 1, op="max")
+            assert r.item() == (world if rank == world - 1 else rank + 1), (dtype, r)
+            mine = comm.reduce_scatter([_ints([1 + (k == rank)], dtype) for k in range(world)], op="sum")
+            assert mine.item() == world + 1, (dtype, mine)  # every sum stays representable in float8
+        big = torch.zeros(2000, dtype=dtype)  # too large to travel inline: the backend's own collectives
+        big[0] = rank + 1 if dtype != torch.bool else rank == 0
+        comm.broadcast(big, src=0)
+        expected = torch.zeros(2000, dtype=dtype)
+        expected[0] = 1 if dtype != torch.bool else True
+        assert big.tolist() == expected.tolist(), dtype
+        gathered = comm.all_gather(torch.full((2000,), rank, dtype=torch.int64).to(dtype))
+
+        def raw(t: torch.Tensor) -> list[int]:
+            return t[:1].view(torch.uint8).tolist()
+
+        assert [raw(g) for g in gathered] == [raw(torch.tensor([r]).to(dtype)) for r in range(world)], dtype
+        done.append(str(dtype))
+    big_unsigned = torch.tensor([2**63 + rank], dtype=torch.uint64)  # above int64's range: order kept
+    comm.all_reduce(big_unsigned, op="max")
+    assert big_unsigned.item() == 2**63 + world - 1
+    after = torch.ones(1)
+    comm.all_reduce(after)  # still usable
+    assert after.item() == world
+    return done
+
+
+@pytest.mark.world_size(1, 2, 3)
+def test_every_dtype_reduces_and_moves(run, world_size: int) -> None:
+    from communicator.ops import WIRE_DTYPES
+
+    assert run(every_dtype) == [[str(d) for d in WIRE_DTYPES]] * world_size
+
+
+def meaningless_reductions(comm: Communicator) -> float:
+    z = torch.ones(2, dtype=torch.complex64)
+    for call in (
+        lambda: comm.all_reduce(z, op="max"),
+        lambda: comm.reduce(z, dst=0, op="product"),
+        lambda: comm.reduce_scatter([z] * comm.world_size, op="min"),
+    ):
+        with pytest.raises(TypeError, match="not defined for complex"):
+            call()
+    comm.all_reduce(z)  # a complex sum is defined
+    assert z.tolist() == [complex(comm.world_size)] * 2
+    t = torch.ones(1)
+    comm.all_reduce(t)  # refused on every rank before communicating: the group is intact
+    return t.item()
+
+
+def test_refused_operations_leave_the_communicator_usable(run, world_size: int) -> None:
+    assert run(meaningless_reductions) == [float(world_size)] * world_size
+
+
+def parameters_and_views(comm: Communicator) -> bool:
+    """Every in-place operation into parameters and into non-contiguous views of them."""
+    world, rank = comm.world_size, comm.rank
+    last = world - 1
+    for make in (
+        lambda v: torch.nn.Parameter(torch.full((2, 3), v)),
+        lambda v: torch.nn.Parameter(torch.full((3, 2), v)).t(),
+    ):
+        p = make(float(rank + 1))
+        assert comm.all_reduce(p, op="mean") is p and p.tolist() == [[(world + 1) / 2] * 3] * 2
+        p = make(float(rank))
+        comm.broadcast(p, src=last)
+        assert p.tolist() == [[float(last)] * 3] * 2
+        p = make(1.0)
+        comm.reduce(p, dst=last)  # the other ranks' parameters are untouched
+        assert p.tolist() == [[float(world if rank == last else 1)] * 3] * 2
+        if world > 1:
+            p = make(-1.0)
+            right, left = (rank + 1) % world, (rank - 1) % world
+            handle = comm.irecv(p, src=left)
+            comm.isend(torch.full((2, 3), float(rank)), dst=right).wait()
+            assert handle.wait() is p and p.tolist() == [[float(left)] * 3] * 2
+            q = make(-1.0)
+            if rank % 2 == 0:
+                comm.send(torch.full((2, 3), float(rank)), dst=right)
+                comm.recv(q, src=left)
+            else:
+                comm.recv(q, src=left)
+                comm.send(torch.full((2, 3), float(rank)), dst=right)
+            assert q.tolist() == [[float(left)] * 3] * 2
+        assert p.requires_grad  # still a parameter (or a view of one): nothing was replaced
+    return True
+
+
+def test_in_place_operations_write_into_parameters_and_views(run) -> None:
+    assert all(run(parameters_and_views))
+
+
+def timedelta_timeouts(comm: Communicator) -> bool:
+    from datetime import timedelta
+
+    comm.barrier(timeout=timedelta(seconds=30))
+    comm.barrier(timeout=30)
+    assert comm.all_reduce(torch.ones(1), async_op=True).wait(timeout=timedelta(seconds=30)).item() == comm.world_size
+    with comm.wait_for_main(timeout=timedelta(seconds=30)):
+        pass
+    with pytest.raises(ValueError, match="timeout"):
+        comm.barrier(timeout=timedelta(seconds=0))
+    return True
+
+
+def test_timeouts_are_seconds_or_timedeltas(run) -> None:
+    assert all(run(timedelta_timeouts))

@@ -131,3 +131,79 @@ def test_describe_names_class_and_reason() -> None:
 
     with pytest.raises(CommError, match="closed"):
         comm.all_gather_object(1)
+
+
+@Communicator.register("counting-torch")
+class CountingTorchComm(TorchComm):
+    """A user's subclass of TorchComm that only overrides all_reduce (its override has no guard of its own)."""
+
+    def __init__(self, config: CommConfig | None = None) -> None:
+        super().__init__(config)
+        self.reduced = 0
+
+    def all_reduce(self, tensor: Any, op: Any = "sum", async_op: bool = False) -> Any:  # type: ignore[override]
+        self.reduced += 1
+        return super().all_reduce(tensor, op, async_op)
+
+
+def counting(comm: Communicator) -> dict[str, Any]:
+    assert isinstance(comm, CountingTorchComm)
+    total = comm.all_reduce(torch.ones(2))
+    dict_total = comm.all_reduce_dict({f"k{i}": torch.ones(3000) for i in range(4)})  # too large for one record
+    sub = comm.split(color=0)
+    return {
+        "total": total.tolist(),
+        "dict": float(dict_total["k0"][0]),
+        "reduced": comm.reduced,
+        "owned": "initialised gloo" in comm.describe(),
+        "sub": type(sub).__name__,
+        "seq": comm._calls.seq,  # collectives counted once each, though the override calls the base's
+    }
+
+
+def test_a_registered_torch_subclass_is_started_by_create_under_launcher_variables() -> None:
+    # launch() gives each rank torchrun's variables; create({"type": ...}) builds the subclass on them
+    results = run_ranks(counting, 2, cfg={"type": "counting-torch", "backend": "gloo"})
+    for result in results:
+        assert result["total"] == [2.0, 2.0] and result["dict"] == 2.0 and result["owned"]
+        assert result["reduced"] >= 2 and result["sub"] == "SubgroupComm"
+    assert results[0]["seq"] == results[1]["seq"]
+
+
+def test_a_registered_torch_subclass_without_a_launcher_is_a_world_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    with Communicator.create({"type": "counting-torch", "backend": "gloo"}) as comm:
+        assert isinstance(comm, CountingTorchComm) and comm.world_size == 1 and dist.is_initialized()
+        assert comm.all_reduce(torch.ones(1)).item() == 1.0 and comm.reduced == 1
+    assert not dist.is_initialized()
+
+
+class Unguarded(NonDistComm):
+    """Overrides a public operation without calling super(): the guard applies anyway."""
+
+    def barrier(self, timeout: Any = None) -> None:
+        return None
+
+
+def test_an_override_keeps_the_guard() -> None:
+    comm = Unguarded()
+    comm.barrier()
+    assert comm._calls.seq == 1  # numbered by the guard, though the override never called the base
+    comm.close()
+    from communicator import CommError
+
+    with pytest.raises(CommError, match="closed"):
+        comm.barrier()
+
+
+def test_info_and_create_make_one_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    from communicator.cli.info import explain
+
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    lines = explain(CommConfig())
+    with Communicator.create() as comm:
+        reason = comm.describe().split("why: ", 1)[1]
+    assert lines[0] == f"decision: NonDistComm: {reason}"
+    assert lines[1] == "backend: none (configured 'auto')"  # not a backend the single process does not use

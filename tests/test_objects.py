@@ -265,3 +265,25 @@ def test_gather_object_failure_reaches_every_rank(run, dst: int) -> None:
     outcomes = run(unpicklable_in_gather, dst)
     assert outcomes[1].startswith("own")
     assert all(o.startswith("remote") for r, o in enumerate(outcomes) if r != 1)
+
+
+def seeded_sequence(comm: Communicator, numpy_seed: int, through_dist: bool) -> list[int]:
+    import communicator.dist as cdist
+
+    np.random.seed(numpy_seed)  # as mmengine's set_random_seed does
+    state = np.random.get_state()[1].copy()
+    draw = cdist.sync_random_seed if through_dist else comm.sync_random_seed
+    drawn = [draw() for _ in range(3)]
+    assert np.array_equal(np.random.get_state()[1], state)  # the global state did not move
+    return drawn
+
+
+@pytest.mark.parametrize("through_dist", [False, True], ids=["communicator", "communicator.dist"])
+def test_seeded_runs_draw_the_same_seeds(run, world_size: int, through_dist: bool) -> None:
+    first = run(seeded_sequence, 123, through_dist)
+    again = run(seeded_sequence, 123, through_dist)
+    other = run(seeded_sequence, 124, through_dist)
+    assert first == again  # the same run, the same seeds: shuffles are reproducible
+    assert all(seq == first[0] for seq in first)  # every rank agrees
+    assert len(set(first[0])) == 3  # successive calls differ
+    assert other[0] != first[0]
