@@ -22,8 +22,7 @@ from communicator.nondist import NonDistComm
 from communicator.nonmember import NonMemberComm
 from communicator.spawn import launch
 from communicator.torch_comm import SubgroupComm, TorchComm
-
-__version__ = "0.1.0"
+from communicator.version import __version__
 
 __all__ = [
     "CollectiveMismatchError",

@@ -21,38 +21,36 @@ from __future__ import annotations
 import abc
 import atexit
 import contextlib
-import functools
 import json
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, ParamSpec, TypeVar, overload
 
 import numpy as np
 import torch
 
-from communicator import dicts, shapes, splits
-from communicator import objects as protocol
+import communicator.dicts as dicts
+import communicator.objects as protocol
+import communicator.shapes as shapes
 from communicator.arguments import (
     TRANSFER_TAG,
-    check_grid,
-    check_members,
     check_peer,
     check_rank,
-    check_split,
     check_tag,
     check_tensor,
     check_tensors,
 )
 from communicator.config import CommConfig, ConfigLike, Timeout, seconds
-from communicator.errors import CommError, ConfigError, RemoteError, RemoteFailure
+from communicator.coordination import Coordination
+from communicator.errors import CommError, ConfigError
 from communicator.factory import SINGLE, decide
 from communicator.fingerprints import check_fingerprints, fingerprint
 from communicator.guard import CallState, Spec, collective, guarded
 from communicator.handles import DONE, Handle, Work
 from communicator.ops import ReduceOpLike, check_op_dtype, divide_exactly, is_floating, parse_op
 from communicator.results import check_arguments, merge_parts
-from communicator.seeds import draw_seed, rng_digest
 from communicator.serialization import Codec, make_codec
+from communicator.splits import Splitting
 from communicator.tensors import editing, stage, write_back
 
 __all__ = ["Communicator"]
@@ -64,7 +62,7 @@ CommT = TypeVar("CommT", bound="Communicator")
 Tensor = torch.Tensor
 
 
-class Communicator(abc.ABC):
+class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
     """One object for every distributed operation, the same in one process and in a job of many.
 
     **The rule.** *Tensor methods* (``all_reduce``, ``broadcast``, ``reduce``, ``all_gather``,
@@ -191,7 +189,7 @@ class Communicator(abc.ABC):
         finally:
             self._teardown(error)
 
-    def _teardown(self, error: BaseException | None) -> None:  # noqa: B027 - optional hook
+    def _teardown(self, error: BaseException | None) -> None:
         """Release what this object created; after ``error`` (leaving a block on an exception),
         without any collective, since a peer may be gone."""
 
@@ -363,10 +361,10 @@ class Communicator(abc.ABC):
         """A barrier of at most ``timeout`` seconds (default: the primitive's, waited on with the timeout)."""
         self._wait([self._barrier()], timeout)
 
-    def _announce_bad_arguments(self, error: BaseException, what: str) -> None:  # noqa: B027 - optional hook
+    def _announce_bad_arguments(self, error: BaseException, what: str) -> None:
         """Tell the other ranks that this rank refused its arguments (peers may already be waiting)."""
 
-    def _announce_failure(self, error: BaseException, where: str) -> None:  # noqa: B027 - optional hook
+    def _announce_failure(self, error: BaseException, where: str) -> None:
         """Tell the other ranks that this rank failed for good (the communicator is then unusable)."""
 
     def _patient_barrier(self, timeout: float | None) -> None:
@@ -577,13 +575,12 @@ class Communicator(abc.ABC):
         metas = self._metas(shapes.describe(source))
         outputs = shapes.outputs(metas, source, self.rank, self.device)
         waiting = {r: outputs[r] for r, m in enumerate(metas) if m.data is None and r != self.rank}
-        if not waiting:
-            works: list[Work] = []
-        elif all(m.data is None and m.shape == source.shape for m in metas):
+        mine_inline = metas[self.rank].data is not None
+        if all(m.data is None and m.shape == source.shape for m in metas) and self.world_size > 1:
             works = [self._launch(self._all_gather, outputs, source)]
-        else:
+        else:  # what did not travel inline goes point to point, whoever else did or did not
             others = [r for r in range(self.world_size) if r != self.rank]
-            works = self._transfers(dict.fromkeys(others, source) if metas[self.rank].data is None else {}, waiting)
+            works = self._transfers({} if mine_inline else dict.fromkeys(others, source), waiting)
         return self._complete(works, lambda: outputs, async_op)
 
     @overload
@@ -747,67 +744,6 @@ class Communicator(abc.ABC):
         """Receive into ``tensor`` from rank ``src`` (blocking) and return it."""
         return self.irecv(tensor, src, tag).wait()
 
-    # -- subgroups ----------------------------------------------------------------------------
-
-    def _subgroup(self, groups: list[list[int]]) -> Communicator:
-        comm = self._create_groups(groups)
-        self._children.append(comm)
-        return comm
-
-    @collective("ranks")
-    def new_group(self, ranks: Sequence[int]) -> Communicator:
-        """A communicator over ``ranks`` (ranks of this communicator, in the new ranks' order).
-
-        Every rank calls it with the same list; the others get a :class:`~communicator.nonmember.NonMemberComm`.
-
-        Example:
-            ```python
-            # 4 ranks
-            sub = comm.new_group([3, 1])        # ranks 3 and 1: rank 0 and 1 of sub
-            ```
-        """
-        members = check_members(ranks, self.world_size)
-        splits.same_members(self.all_gather_object(members))
-        return self._subgroup([members])
-
-    @collective()
-    def split(self, color: int | None, key: int | None = None) -> Communicator:
-        """MPI's split: ranks passing the same ``color`` form a communicator, ordered by ``key``
-        (default: their rank); ``color=None`` joins none (a :class:`~communicator.nonmember.NonMemberComm`).
-
-        Example:
-            ```python
-            # 4 ranks
-            half = comm.split(color=comm.rank // 2)   # ranks 0,1 and ranks 2,3
-            ```
-        """
-        check_split(color, key)
-        return self._subgroup(splits.groups_of(self.all_gather_object((color, self.rank if key is None else key))))
-
-    @collective("shape")
-    def grid(self, shape: tuple[int, int]) -> tuple[Communicator, Communicator]:
-        """Split a ``rows x cols`` layout into ``(row, col)`` communicators.
-
-        Rank ``r`` sits at row ``r // cols``, column ``r % cols``; ``row`` holds the ``cols`` ranks of
-        its row (e.g. tensor parallel), ``col`` the ``rows`` ranks of its column (data parallel).
-
-        Example:
-            ```python
-            # 4 ranks, shape (2, 2)
-            row, col = comm.grid((2, 2))  # rank 3: row over ranks [2, 3], col over ranks [1, 3]
-            ```
-        """
-        _, cols = check_grid(shape, self.world_size)
-        return self.split(color=self.rank // cols), self.split(color=self.rank % cols)
-
-    @property
-    def local_comm(self) -> Communicator:
-        """The ranks on this node, as a subgroup ordered by local rank. The first access is a
-        collective (every rank creates every node's group): make it on every rank."""
-        if self._local is None or self._local.closed:
-            self._local = self.split(color=self.node_rank, key=self.local_rank)
-        return self._local
-
     # -- object collectives: every one is the protocol of :mod:`communicator.objects` ------------
 
     @collective()
@@ -959,117 +895,6 @@ class Communicator(abc.ABC):
         parts = self.gather_object(list(results), dst=dst)
         return None if parts is None else merge_parts(parts, size, order)
 
-    @collective()
-    def sync_random_seed(self, seed: int | None = None) -> int:
-        """One seed, returned on every rank: ``seed`` from rank 0, or drawn on rank 0.
-
-        A drawn seed comes from a copy of rank 0's global NumPy random state and the number of
-        seeds this communicator drew before: no global random state (Python, NumPy, torch) moves,
-        a run seeded with ``np.random.seed(s)`` gets the same sequence of seeds every time, and
-        successive calls give different seeds.
-
-        Example:
-            ```python
-            # rank 0 draws 1234                 rank 1 passes nothing
-            comm.sync_random_seed()             # both: 1234
-            ```
-        """
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-        drawn = self._seeds_drawn
-        self._seeds_drawn += 1
-        if self.rank == 0 and seed is None:
-            seed = draw_seed(drawn)
-        return int(self.broadcast_object(seed if self.rank == 0 else None, src=0))  # type: ignore[arg-type]
-
-    @collective()
-    def check_random_states(self) -> bool:
-        """Whether the Python, NumPy and torch global RNG states agree on every rank."""
-        return len(set(self.all_gather_object(rng_digest()))) == 1
-
-    def main_only(self, fn: Callable[P, R]) -> Callable[P, R | None]:
-        """Decorator: run ``fn`` on rank 0 only; other ranks get ``None``. No communication."""
-
-        @functools.wraps(fn)
-        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | None:
-            return fn(*args, **kwargs) if self.is_main_process else None
-
-        return wrapper
-
-    #: mmengine's name for :meth:`main_only`.
-    master_only = main_only
-
-    @contextlib.contextmanager
-    def fail_together(self, name: str = "block") -> Iterator[None]:
-        """If any rank raises inside the block, every rank raises :class:`RemoteError` naming it.
-
-        Ranks blocked in a collective inside the block are released within a fraction of a second
-        (they watch the failure board), not at the timeout. When no rank raises, leaving the block
-        costs one small collective. On the failing rank the ``RemoteError`` is chained to its own
-        exception. After a failure the communicator is unusable: leave its ``with`` block.
-
-        Example:
-            ```python
-            with comm.fail_together("evaluation"):
-                results = evaluate(model)        # rank 1 raises ValueError
-            # every rank: RemoteError("evaluation: rank 1 raised ValueError: ...")
-            ```
-        """
-        try:
-            yield
-        except RemoteError:
-            raise
-        except BaseException as error:
-            self._announce_failure(error, name)
-            raise RemoteError([RemoteFailure.of(self.rank, error, name)], context=name) from error
-        self._leave_together(name)
-
-    @collective()
-    def _leave_together(self, name: str) -> None:
-        """The end of a ``fail_together`` block: every rank says it succeeded, or names its failure."""
-        protocol.check_records(self._objects().channel.all_gather(protocol.empty_record()), None, name)
-
-    @contextlib.contextmanager
-    def wait_for_main(self, timeout: Timeout | None = None) -> Iterator[bool]:
-        """A block that rank 0 may take long over while the others wait at its end, without
-        tripping the collective timeout (``timeout``, seconds or a ``timedelta``: default no limit).
-
-        Yields ``is_main_process``; if rank 0 raises, the others raise ``RemoteError`` at once.
-
-        Example:
-            ```python
-            with comm.wait_for_main() as main:
-                if main:
-                    build_cache()                # rank 0, an hour
-            # every rank continues once rank 0 is done
-            ```
-        """
-        limit = seconds(timeout)
-        try:
-            yield self.is_main_process
-        except BaseException as error:
-            self._announce_failure(error, "wait_for_main")
-            raise
-        self._patient_barrier(limit)
-
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
-        """Rank 0 runs the block first (e.g. to download or cache), then the others run it.
-
-        The others wait for rank 0 however long it takes (not bound by the collective timeout),
-        and raise :class:`RemoteError` if rank 0's block raises.
-        """
-        if not self.is_main_process:
-            self._patient_barrier(None)
-            yield
-            return
-        try:
-            yield
-        except BaseException as error:
-            self._announce_failure(error, "main_process_first")
-            raise
-        self._patient_barrier(None)
-
 
 def _closed_error(what: str) -> CommError:
     return CommError(f"{what}: this communicator is closed")
@@ -1086,5 +911,8 @@ def _close_left_open() -> None:
 
 
 Communicator._specs = {
-    name: method.__collective__ for name, method in vars(Communicator).items() if hasattr(method, "__collective__")
+    name: method.__collective__
+    for klass in reversed(Communicator.__mro__)
+    for name, method in vars(klass).items()
+    if hasattr(method, "__collective__")
 }

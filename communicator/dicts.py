@@ -13,7 +13,7 @@ import functools
 import hashlib
 import struct
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -22,8 +22,19 @@ from communicator.errors import CollectiveMismatchError
 from communicator.ops import ReduceOpLike, check_op_dtype, is_floating, parse_op
 
 if TYPE_CHECKING:
-    from communicator.base import Communicator
     from communicator.objects import Channel
+
+
+class Reducer(Protocol):
+    """What the reduction needs of a communicator: its size, a tensor all-reduce, an object all-gather."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    def all_reduce(self, tensor: torch.Tensor, op: ReduceOpLike = "sum") -> Any: ...
+
+    def all_gather_object(self, obj: Any) -> list[Any]: ...
+
 
 __all__ = ["all_reduce_dict"]
 
@@ -138,7 +149,7 @@ def _nest(pairs: list[tuple[Path, Any]], template: Mapping[Any, Any]) -> dict[An
 
 
 def all_reduce_dict(
-    comm: Communicator, channel: Channel, data: Mapping[Any, Any], op: ReduceOpLike = "sum"
+    comm: Reducer, channel: Channel, data: Mapping[Any, Any], op: ReduceOpLike = "sum"
 ) -> dict[Any, Any]:
     """``data`` reduced across ``comm``'s ranks; ``channel`` carries the records (see the module docstring)."""
     name = parse_op(op)
@@ -207,7 +218,7 @@ def _buckets(leaves: list[_Leaf]) -> dict[tuple[str, torch.dtype], list[_Leaf]]:
     return buckets
 
 
-def _reduce_bucket(comm: Communicator, flat: torch.Tensor, name: str) -> torch.Tensor:
+def _reduce_bucket(comm: Reducer, flat: torch.Tensor, name: str) -> torch.Tensor:
     """One collective for a bucket too large to travel inline."""
     integer_mean = name == "mean" and not is_floating(flat.dtype)
     flat = flat.double() if integer_mean else flat  # already a fresh tensor (torch.cat)

@@ -14,7 +14,9 @@ import torch
 import torch.distributed as dist
 from typing_extensions import override
 
-from communicator import faults, startup, wire
+import communicator.faults as faults
+import communicator.startup as startup
+import communicator.wire as wire
 from communicator.arguments import TRANSFER_TAG
 from communicator.base import Communicator
 from communicator.config import CommConfig
@@ -308,10 +310,9 @@ class TorchComm(Communicator):
 
     @override
     def _timed_barrier(self, timeout: float) -> None:
-        try:
-            self._board.barrier(self._rank, self._calls.seq, timeout)
-        except CommError as error:
-            raise self._abandon(error) from None
+        # Through the store, not the group: a rank that times out leaves the group intact, and every
+        # waiting rank names the late ones itself.
+        self._board.barrier(self._rank, self._calls.seq, timeout)
 
     @override
     def _patient_barrier(self, timeout: float | None) -> None:

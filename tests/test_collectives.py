@@ -124,6 +124,15 @@ def gathers(comm: Communicator) -> bool:
     assert all(torch.equal(t, torch.arange(100_000 + r, dtype=torch.float32)) for r, t in enumerate(big))
     empty = comm.all_gather(torch.empty(0, 4))
     assert [tuple(t.shape) for t in empty] == [(0, 4)] * world
+    for large in range(world):  # one rank's tensor too large to travel inline, the others inline; and the reverse
+        for sizes in (
+            [5000 if r == large else 3 for r in range(world)],
+            [3 if r == large else 5000 for r in range(world)],
+        ):
+            mixed = comm.all_gather(torch.full((sizes[rank],), rank, dtype=torch.int32))
+            assert [t.tolist() for t in mixed] == [[r] * sizes[r] for r in range(world)]
+            got = comm.gather(torch.full((sizes[rank],), rank, dtype=torch.int32), dst=large)
+            assert got is None if rank != large else [t.tolist() for t in got] == [[r] * sizes[r] for r in range(world)]
     for dst in range(world):
         got = comm.gather(torch.arange(rank + 2), dst=dst)
         if rank == dst:

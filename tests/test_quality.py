@@ -30,3 +30,57 @@ def test_mypy_strict_is_clean() -> None:
 
 def test_the_package_ships_its_type_marker() -> None:
     assert (ROOT / "communicator" / "py.typed").exists()
+
+
+def _imports_between_modules() -> dict[str, set[str]]:
+    """Each module of the package and the package's modules it imports, anywhere in its code
+    (inside functions and ``TYPE_CHECKING`` blocks too)."""
+    import ast
+
+    package = ROOT / "communicator"
+    modules = {}
+    for path in package.rglob("*.py"):
+        name = ".".join(("communicator", *path.relative_to(package).with_suffix("").parts)).removesuffix(".__init__")
+        modules[name] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def test_the_package_imports_no_module_in_a_circle() -> None:
+    graph = _imports_between_modules()
+    finished: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            pytest.fail(f"an import cycle: {' -> '.join([*path[path.index(name) :], name])}")
+        if name not in finished:
+            for imported in sorted(graph[name]):
+                visit(imported, [*path, name])
+            finished.add(name)
+
+    for module in sorted(graph):
+        visit(module, [])
+
+
+def test_the_private_torch_function_the_groups_patch_still_exists() -> None:
+    import torch.distributed.distributed_c10d as c10d
+
+    from communicator.groups import _group_name
+
+    original = c10d._process_group_name
+    with _group_name("communicator/test/"):
+        assert str(c10d._process_group_name([0, 1], use_hashed_name=False)) == "communicator/test/"
+    assert c10d._process_group_name is original  # put back

@@ -19,7 +19,7 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from communicator import __version__
+    from communicator.version import __version__
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="communicator", description="One object for distributed PyTorch.")

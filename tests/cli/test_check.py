@@ -12,18 +12,9 @@ from pathlib import Path
 import pytest
 
 from communicator import Communicator, NonDistComm, PeerLostError, RemoteError
+from communicator.check import CHECKS, DEFAULT_SIZES, Aborted, Check, Mismatch, Skip, check_job, run_checks
 from communicator.cli import main
-from communicator.cli.check import (
-    CHECKS,
-    DEFAULT_SIZES,
-    Aborted,
-    Check,
-    Mismatch,
-    Skip,
-    check_job,
-    run_checks,
-    run_local,
-)
+from communicator.cli.check import run_local
 from communicator.testing import run_ranks
 
 REPO = Path(__file__).resolve().parents[2]

@@ -35,7 +35,7 @@ import torch.distributed as dist  # noqa: E402
 from launcher_probe import OWN_VARIABLES, expected_layout, report  # noqa: E402
 
 from communicator import Communicator  # noqa: E402
-from communicator.cli.check import Aborted, check_job  # noqa: E402
+from communicator.check import Aborted, check_job  # noqa: E402
 
 #: The variables the communicator sets while its block is open, under every launcher.
 TORCHRUN_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")

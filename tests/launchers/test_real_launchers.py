@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from communicator.cli.check import CHECKS, DEFAULT_SIZES
+from communicator.check import CHECKS, DEFAULT_SIZES
 from communicator.launchers import LAUNCHERS
 from communicator.spawn import free_port
 

@@ -1,0 +1,3 @@
+"""The release: the one place its number is written (``pyproject.toml`` reads it from here)."""
+
+__version__ = "0.1.0"
