@@ -68,7 +68,7 @@ class Communicator(abc.ABC):
 
     def __init__(self, config: CommConfig | None = None) -> None:
         self.config: CommConfig = config if config is not None else CommConfig()
-        self._codec: Codec = make_codec(self.config.serializer, self.config.trusted)
+        self._codec: Codec = make_codec(self.config.serializer, self.config.trusted, self.config.safe_max_expansion)
         self._reason: str = ""
         self._closed = False
         self._seq = 0  # collectives entered so far; the same on every rank of a correct program
