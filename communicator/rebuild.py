@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import contextvars
 import datetime as dt
-import math
 import pathlib
 import pickle
 from collections.abc import Callable
@@ -86,12 +85,18 @@ def _raw(value: Any) -> memoryview:
 def _shape(value: Any, itemsize: int, nbytes: int) -> tuple[int, ...]:
     """A shape that describes exactly ``nbytes`` bytes of ``itemsize``-byte elements."""
     dims: tuple[int, ...] = _exact(value, tuple, "shape")
-    if len(dims) > MAX_DIMS or any(type(d) is not int or d < 0 for d in dims):
-        raise _bad(f"shape {dims!r} must be at most {MAX_DIMS} non-negative ints")
-    if math.prod(d for d in dims if d) > _MAX_ELEMENTS // itemsize:
-        raise _bad(f"shape {dims!r} is too large")
-    if math.prod(dims) * itemsize != nbytes:
-        raise _bad(f"shape {dims!r} needs {math.prod(dims) * itemsize} bytes, the data has {nbytes}")
+    if len(dims) > MAX_DIMS:
+        raise _bad(f"shape {dims!r} has more than {MAX_DIMS} dimensions")
+    count = nonzero = 1
+    for dim in dims:
+        if type(dim) is not int or dim < 0:
+            raise _bad(f"shape {dims!r} must hold non-negative ints")
+        count *= dim
+        nonzero *= dim or 1
+        if nonzero > _MAX_ELEMENTS // itemsize:
+            raise _bad(f"shape {dims!r} is too large")
+    if count * itemsize != nbytes:
+        raise _bad(f"shape {dims!r} needs {count * itemsize} bytes, the data has {nbytes}")
     return dims
 
 
