@@ -92,7 +92,7 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
 
     def __init__(self, config: CommConfig | None = None) -> None:
         self.config: CommConfig = config if config is not None else CommConfig()
-        self._codec: Codec = make_codec(self.config.serializer, self.config.trusted)
+        self._codec: Codec = make_codec(self.config.serializer, self.config.trusted, self.config.safe_max_expansion)
         self._reason = ""
         self._calls = CallState()  # the guard's: see communicator.guard
         self._closed = False

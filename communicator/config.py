@@ -16,6 +16,7 @@ __all__ = ["BACKENDS", "CommConfig", "ConfigLike", "Serializer", "Timeout", "sec
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
 SERIALIZERS = ("pickle", "safe")
 DEFAULT_TIMEOUT = timedelta(minutes=30)
+DEFAULT_SAFE_MAX_EXPANSION = 256
 
 # Keys that other libraries use for the same setting (mmengine's `init_dist(port=...)`).
 ALIASES = {"port": "master_port"}
@@ -59,6 +60,9 @@ class CommConfig:
     object with ``dumps``/``loads``."""
     trusted: tuple[str, ...] = ()
     """Extra classes or module prefixes the ``"safe"`` serializer accepts (``"mypkg."``, ``"mypkg.Box"``)."""
+    safe_max_expansion: int = DEFAULT_SAFE_MAX_EXPANSION
+    """The memory the ``"safe"`` serializer lets one received object take while it is decoded: this
+    many bytes per byte received, plus 1 MiB; a payload that would need more is refused."""
     debug: bool = False
     """Compare every collective's fingerprint across ranks before running it."""
     type: str | None = None
@@ -90,6 +94,9 @@ class CommConfig:
                 f"trusted={self.trusted!r} is invalid: expected a sequence of class names or module prefixes"
             )
         set_(self, "trusted", tuple(self.trusted))
+        expansion = self.safe_max_expansion
+        if isinstance(expansion, bool) or not isinstance(expansion, int) or expansion < 1:
+            raise ConfigError(f"safe_max_expansion={expansion!r} is invalid: expected a positive integer")
         if not isinstance(self.debug, bool):
             raise ConfigError(f"debug={self.debug!r} is invalid: expected True or False")
         if not isinstance(self.options, Mapping):
@@ -155,11 +162,11 @@ def _parse_env(name: str, raw: str) -> Any:
             return float(raw)
         except ValueError:
             raise ConfigError(f"{ENV_PREFIX}TIMEOUT={raw!r} is invalid: expected seconds") from None
-    if name == "master_port":
+    if name in ("master_port", "safe_max_expansion"):
         try:
             return int(raw)
         except ValueError:
-            raise ConfigError(f"{ENV_PREFIX}MASTER_PORT={raw!r} is invalid: expected an integer") from None
+            raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is invalid: expected an integer") from None
     if name == "trusted":
         return tuple(part.strip() for part in raw.split(",") if part.strip())
     return raw

@@ -31,6 +31,9 @@ def test_defaults_and_mmengine_style_mapping() -> None:
         ({"serializer": "json"}, "serializer='json'"),
         ({"serializer": 42}, "serializer=42"),
         ({"trusted": "mypkg."}, "trusted='mypkg.'"),
+        ({"safe_max_expansion": 0}, "safe_max_expansion=0"),
+        ({"safe_max_expansion": True}, "safe_max_expansion=True"),
+        ({"safe_max_expansion": "64"}, "safe_max_expansion='64'"),
         ({"debug": "yes"}, "debug='yes'"),
         ({"device": "gpu:x"}, "device='gpu:x'"),
         ({"master_addr": ""}, "master_addr=''"),
@@ -55,9 +58,15 @@ def test_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COMMUNICATOR_TIMEOUT", "12.5")
     monkeypatch.setenv("COMMUNICATOR_BACKEND", "gloo")
     monkeypatch.setenv("COMMUNICATOR_TRUSTED", "mypkg., other.Box")
+    monkeypatch.setenv("COMMUNICATOR_SAFE_MAX_EXPANSION", "64")
     cfg = CommConfig.of(None)
     assert cfg.debug and cfg.timeout == timedelta(seconds=12.5) and cfg.backend == "gloo"
-    assert cfg.trusted == ("mypkg.", "other.Box")
+    assert cfg.trusted == ("mypkg.", "other.Box") and cfg.safe_max_expansion == 64
+    assert CommConfig().safe_max_expansion == 256
+    monkeypatch.setenv("COMMUNICATOR_SAFE_MAX_EXPANSION", "lots")
+    with pytest.raises(ConfigError, match="COMMUNICATOR_SAFE_MAX_EXPANSION"):
+        CommConfig.of(None)
+    monkeypatch.delenv("COMMUNICATOR_SAFE_MAX_EXPANSION")
     monkeypatch.setenv("COMMUNICATOR_DEBUG", "maybe")
     with pytest.raises(ConfigError, match="COMMUNICATOR_DEBUG"):
         CommConfig.of(None)

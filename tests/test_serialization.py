@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import collections
 import datetime
+import decimal
+import fractions
 import json
 import os
+import pathlib
+import uuid
 
 import numpy as np
 import pytest
@@ -14,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from communicator.equality import same_value as same
+from communicator.ops import WIRE_DTYPES
 from communicator.serialization import (
     PickleCodec,
     SafeCodec,
@@ -36,6 +41,8 @@ TORCH_DTYPES = [
     torch.complex64,
 ]
 NUMPY_DTYPES = ["float32", "float64", "float16", "int64", "int32", "uint16", "bool", "complex128"]
+PLAIN_NUMPY = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+PLAIN_NUMPY += ["float16", "float32", "float64", "complex64", "complex128"]
 
 
 def round_trip(codec: object, obj: object) -> object:
@@ -96,21 +103,97 @@ def test_safe_accepts_the_documented_types() -> None:
     value = {
         "od": collections.OrderedDict(a=1),
         "dd": collections.defaultdict(list, a=[1]),
-        "dq": collections.deque([1]),
+        "dd_none": collections.defaultdict(None, b=2),
+        "dq": collections.deque([1], maxlen=3),
         "ctr": collections.Counter("aab"),
         "date": datetime.date(2024, 1, 2),
-        "td": datetime.timedelta(seconds=3),
+        "td": datetime.timedelta(days=-1, seconds=3, microseconds=4),
+        "dt": datetime.datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=datetime.timezone.utc),
+        "naive": datetime.datetime(2024, 1, 2, fold=1),
+        "time": datetime.time(1, 2, 3, tzinfo=datetime.timezone(datetime.timedelta(hours=-5), "EST")),
         "set": {1, 2},
-        "fs": frozenset({3}),
+        "fs": frozenset({3, (4, 5)}),
         "cx": 1 + 2j,
-        "np_scalar": np.float32(1.5),
-        "dtype": np.dtype("int16"),
-        "tdtype": torch.float16,
+        "scalars": [np.dtype(name).type(1) for name in PLAIN_NUMPY],
+        "dtypes": [np.dtype(name) for name in PLAIN_NUMPY] + [np.dtype(">f8"), np.dtype("<i2")],
+        "types": [int, float, str, list, dict, np.float32, np.int64],
+        "tdtypes": list(WIRE_DTYPES),
         "device": torch.device("cpu"),
+        "cuda": torch.device("cuda", 1),
         "size": torch.Size([2, 3]),
-        "objects": np.array([1, "a"], dtype=object),
+        "paths": [pathlib.PurePosixPath("/a/b"), pathlib.Path("rel/x.txt"), pathlib.PureWindowsPath("C:\\x")],
+        "scalar_types": (True, None, b"raw", bytearray(b"ba"), "text", 2**70, -1.5),
     }
-    assert same(round_trip(SafeCodec(), value), value)
+    out = round_trip(SafeCodec(), value)
+    assert same(out, value)
+    assert out["dd"].default_factory is list and out["dq"].maxlen == 3  # type: ignore[index]
+    assert out["time"].tzname() == "EST" and out["paths"][1].parts == ("rel", "x.txt")  # type: ignore[index]
+    assert [type(s) for s in out["scalars"]] == [type(s) for s in value["scalars"]]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("codec", [PickleCodec(), SafeCodec()], ids=["pickle", "safe"])
+def test_every_plain_array_layout_round_trips(codec: object) -> None:
+    arrays = [np.arange(24).astype(name).reshape(2, 3, 4) for name in PLAIN_NUMPY]
+    arrays += [
+        np.array(3.5),  # 0-d
+        np.zeros((0, 5), dtype=np.float16),
+        np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+        np.arange(40)[::3],  # not contiguous
+        np.arange(6, dtype=">i4"),  # big-endian
+        np.arange(10_000, dtype=np.float64),  # out of band
+        np.array([True, False, True]),
+    ]
+    out = round_trip(codec, arrays)
+    assert all(same(a, b) and a.shape == b.shape for a, b in zip(out, arrays, strict=True))  # type: ignore[call-overload]
+    assert out[-5].flags.f_contiguous  # type: ignore[index]
+
+
+@pytest.mark.parametrize("codec", [PickleCodec(), SafeCodec()], ids=["pickle", "safe"])
+def test_every_wire_dtype_grad_and_parameters_round_trip(codec: object) -> None:
+    tensors = [torch.ones(2, 3, dtype=dtype) for dtype in WIRE_DTYPES]
+    floating = [
+        torch.ones(2, requires_grad=True),
+        torch.nn.Parameter(torch.ones(3)),
+        torch.nn.Parameter(torch.ones(3), requires_grad=False),
+        torch.arange(12.0).reshape(3, 4).t(),
+        torch.zeros(0, 4, dtype=torch.bfloat16),
+        torch.tensor(2.5),
+    ]
+    out = round_trip(codec, tensors + floating)
+    assert all(same(a, b) for a, b in zip(out, tensors, strict=False))  # type: ignore[call-overload]
+    for got, want in zip(out[len(tensors) :], floating, strict=True):  # type: ignore[index]
+        assert type(got) is type(want) and got.requires_grad == want.requires_grad
+        assert got.shape == want.shape and torch.equal(got.detach(), want.detach())
+
+
+class TensorSubclass(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        (np.array([1, "a"], dtype=object), "dtype object"),
+        (np.zeros(2, dtype=[("a", "i4"), ("b", "f8")]), "only plain dtypes"),
+        (np.array(["2024-01-01"], dtype="datetime64[D]"), "datetime64"),
+        (np.ma.masked_array([1, 2]), "MaskedArray (an ndarray subclass)"),
+        (np.str_("text"), "NumPy scalar of dtype <U4"),
+        (np.dtype([("a", "O")]), "only plain dtypes"),
+        (torch.ones(2).to_sparse(), "layout torch.sparse_coo"),
+        (torch.ones(2, device="meta"), "on meta"),
+        (torch.ones(2).as_subclass(TensorSubclass), "TensorSubclass (a tensor subclass)"),
+        (collections.defaultdict(collections.OrderedDict), "factory"),
+        (range(3), "builtins.range"),
+        (slice(1, 2), "builtins.slice"),
+        (decimal.Decimal("1.5"), "decimal.Decimal"),
+        (fractions.Fraction(1, 3), "fractions.Fraction"),
+        (uuid.UUID(int=5), "uuid.UUID"),
+        (os.system, "system"),
+    ],
+)
+def test_safe_refuses_what_it_cannot_rebuild_from_plain_data(value: object, named: str) -> None:
+    with pytest.raises(UnsafePayloadError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        SafeCodec().encode({"x": value})
 
 
 class Box:
