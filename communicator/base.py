@@ -22,6 +22,7 @@ import abc
 import atexit
 import contextlib
 import json
+import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, ParamSpec, TypeVar, overload
@@ -47,7 +48,9 @@ from communicator.factory import SINGLE, decide
 from communicator.fingerprints import check_fingerprints, fingerprint
 from communicator.guard import CallState, Spec, collective, guarded
 from communicator.handles import DONE, Handle, Work
+from communicator.observe import Observation
 from communicator.ops import ReduceOpLike, check_op_dtype, divide_exactly, is_floating, parse_op
+from communicator.ranks import RankQueries
 from communicator.results import check_arguments, merge_parts
 from communicator.serialization import Codec, make_codec
 from communicator.splits import Splitting
@@ -62,7 +65,7 @@ CommT = TypeVar("CommT", bound="Communicator")
 Tensor = torch.Tensor
 
 
-class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
+class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observation, abc.ABC):
     """One object for every distributed operation, the same in one process and in a job of many.
 
     **The rule.** *Tensor methods* (``all_reduce``, ``broadcast``, ``reduce``, ``all_gather``,
@@ -94,7 +97,8 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
         self.config: CommConfig = config if config is not None else CommConfig()
         self._codec: Codec = make_codec(self.config.serializer, self.config.trusted, self.config.safe_max_expansion)
         self._reason = ""
-        self._calls = CallState()  # the guard's: see communicator.guard
+        self._calls = CallState(self.config.trace_events)  # the guard's: see communicator.guard
+        self._stats = self._observe()  # see communicator.observe
         self._closed = False
         self._children: list[Communicator] = []
         self._local: Communicator | None = None
@@ -209,86 +213,6 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} rank={self.rank} world_size={self.world_size} backend={self.backend}>"
 
-    # -- rank queries ----------------------------------------------------------------------
-
-    @property
-    @abc.abstractmethod
-    def rank(self) -> int:
-        """This process's rank in the communicator (0-based)."""
-
-    @property
-    @abc.abstractmethod
-    def world_size(self) -> int:
-        """The number of ranks in the communicator."""
-
-    @property
-    def local_rank(self) -> int:
-        """This process's index among the processes of its node (default: one node, the rank)."""
-        return self.rank
-
-    @property
-    def local_size(self) -> int:
-        """The number of processes on this node (default: one node, the world size)."""
-        return self.world_size
-
-    @property
-    def node_rank(self) -> int:
-        """The index of this process's node (default: 0)."""
-        return 0
-
-    @property
-    def num_nodes(self) -> int:
-        """The number of nodes in the job (default: 1)."""
-        return 1
-
-    @property
-    def backend(self) -> str:
-        """The transport's name (``"gloo"``, ``"nccl"``, ``"mpi"``, ``"none"`` for one process)."""
-        return type(self).__name__.lower()
-
-    @property
-    def device(self) -> torch.device:
-        """The device tensors are moved to for communication (default: the CPU)."""
-        return torch.device("cpu")
-
-    @property
-    def global_ranks(self) -> tuple[int, ...]:
-        """The world rank of each rank of this communicator, in this communicator's order."""
-        return tuple(range(self.world_size))
-
-    @property
-    def is_member(self) -> bool:
-        """Whether this process belongs to the communicator (see :class:`~communicator.nonmember.NonMemberComm`)."""
-        return True
-
-    def to_global(self, rank: int) -> int:
-        """The world rank of this communicator's ``rank``; e.g. ``new_group([3, 1]).to_global(0) == 3``."""
-        return self.global_ranks[check_rank("rank", rank, self.world_size)]
-
-    def to_local(self, global_rank: int) -> int:
-        """This communicator's rank for world rank ``global_rank``; ``ValueError`` if not a member."""
-        if global_rank not in self.global_ranks:
-            raise ValueError(
-                f"world rank {global_rank} is out of range: not a member of this communicator "
-                f"(world ranks {list(self.global_ranks)})"
-            )
-        return self.global_ranks.index(global_rank)
-
-    @property
-    def is_distributed(self) -> bool:
-        """Whether the communicator spans processes (``False`` for a single process's)."""
-        return True
-
-    @property
-    def is_main_process(self) -> bool:
-        """Whether this is rank 0."""
-        return self.rank == 0
-
-    @property
-    def dist_info(self) -> tuple[int, int]:
-        """``(rank, world_size)``."""
-        return self.rank, self.world_size
-
     # -- primitives: what a communicator implements ---------------------------------------------
 
     @abc.abstractmethod
@@ -336,7 +260,7 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
         Default: one all-reduce of every input, waited on here.
         """
         flat = torch.cat([t.reshape(-1) for t in inputs])
-        self._wait([self._all_reduce(flat, op)])
+        self._await([self._all_reduce(flat, op)])
         start = sum(t.numel() for t in inputs[: self.rank])
         output.copy_(flat[start : start + output.numel()].reshape(output.shape))
         return DONE
@@ -344,13 +268,24 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
     def _object_channel(self) -> protocol.Channel:
         """How object bytes travel (default: over the tensor primitives, as uint8 CPU tensors)."""
         return protocol.PrimitiveChannel(
-            self.rank, self.world_size, self._all_gather, self._broadcast, self._isend, self._irecv, self._wait
+            self.rank, self.world_size, self._all_gather, self._broadcast, self._isend, self._irecv, self._await
         )
 
     def _wait(self, works: Sequence[Work], timeout: float | None = None) -> None:
         """Finish ``works``; ``timeout`` (seconds) overrides the communicator's. Default: ``wait()`` each."""
         for work in works:
             work.wait()
+
+    def _await(self, works: Sequence[Work], timeout: float | None = None) -> None:
+        """``_wait``, its time counted as the running operation's wait (see :mod:`communicator.stats`)."""
+        event = self._calls.event
+        if event is None:
+            return self._wait(works, timeout)
+        started = time.perf_counter()
+        try:
+            self._wait(works, timeout)
+        finally:
+            event.wait += time.perf_counter() - started
 
     def _launch_failed(self, error: RuntimeError) -> CommError:
         """The error to raise when a primitive refuses to start (default: a ``CommError`` with its text)."""
@@ -359,7 +294,7 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
 
     def _timed_barrier(self, timeout: float) -> None:
         """A barrier of at most ``timeout`` seconds (default: the primitive's, waited on with the timeout)."""
-        self._wait([self._barrier()], timeout)
+        self._await([self._barrier()], timeout)
 
     def _announce_bad_arguments(self, error: BaseException, what: str) -> None:
         """Tell the other ranks that this rank refused its arguments (peers may already be waiting)."""
@@ -403,7 +338,7 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
     def _complete(self, works: Sequence[Work], finish: Callable[[], T], async_op: bool) -> T | Handle[T]:
         if async_op:
             return Handle(works, finish, self._wait)
-        self._wait(works)
+        self._await(works)
         return finish()
 
     def _objects(self) -> protocol.Port:
@@ -412,11 +347,12 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
         if self._port is None:
             receive = self.device if self.device.type != "cpu" else None
             self._port = protocol.Port(self._object_channel(), self._codec, receive)
+        self._port.event = self._calls.event
         return self._port
 
-    def _compare_fingerprints(self, op: str, arguments: Mapping[str, Any]) -> None:
+    def _compare_fingerprints(self, op: str, arguments: Mapping[str, Any], site: str) -> None:
         """Debug mode: every rank shows its call; any difference raises on every rank."""
-        mine = json.dumps(fingerprint(op, self._calls.seq, arguments)).encode()
+        mine = json.dumps(fingerprint(op, self._calls.seq, arguments, site)).encode()
         check_fingerprints([json.loads(side) for side in protocol.all_gather_bytes(self._objects().channel, mine)])
         self._calls.launched = False  # the operation itself has not started
 
@@ -442,7 +378,7 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
         """
         limit = seconds(timeout)
         if limit is None:
-            self._wait([self._launch(self._barrier)])
+            self._await([self._launch(self._barrier)])
         else:
             self._calls.launched = True
             self._timed_barrier(limit)
@@ -465,6 +401,7 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
         else:
             work = self._launch_into(staged, self._reduce, dst, wire_op)
         world, receives = self.world_size, dst is None or self.rank == dst
+        self._calls.count(0 if dst == self.rank else tensor.nbytes, tensor.nbytes if receives else 0, tensor.nbytes)
 
         def finish() -> Tensor:
             if name == "mean" and (receives or exact):
@@ -544,6 +481,8 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
         tensor = check_tensor("tensor", tensor)
         staged = self._stage(tensor)
         work = self._launch_into(staged, self._broadcast, check_rank("src", src, self.world_size))
+        mine = src == self.rank
+        self._calls.count(tensor.nbytes if mine else 0, 0 if mine else tensor.nbytes, tensor.nbytes)
 
         def finish() -> Tensor:
             write_back(tensor, staged)
@@ -576,6 +515,8 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
         outputs = shapes.outputs(metas, source, self.rank, self.device)
         waiting = {r: outputs[r] for r, m in enumerate(metas) if m.data is None and r != self.rank}
         mine_inline = metas[self.rank].data is not None
+        total = sum(m.nbytes for m in metas)
+        self._calls.count(source.nbytes, total - source.nbytes, total)
         if all(m.data is None and m.shape == source.shape for m in metas) and self.world_size > 1:
             works = [self._launch(self._all_gather, outputs, source)]
         else:  # what did not travel inline goes point to point, whoever else did or did not
@@ -604,9 +545,12 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
         source = self._stage(check_tensor("tensor", tensor))
         dst = check_rank("dst", dst, self.world_size)
         metas = self._metas(shapes.describe(source))
+        total, mine = sum(m.nbytes for m in metas), source.nbytes
         if self.rank != dst:
+            self._calls.count(mine, 0, total)
             works = self._transfers({dst: source} if metas[self.rank].data is None else {}, {})
             return self._complete(works, lambda: None, async_op)
+        self._calls.count(0, total - mine, total)
         outputs = shapes.outputs(metas, source, dst, self.device)
         waiting = {r: outputs[r] for r, m in enumerate(metas) if m.data is None and r != dst}
         return self._complete(self._transfers({}, waiting), lambda: outputs, async_op)
@@ -640,11 +584,14 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
         records = [shapes.describe(t) for t in sources] if sources else None
         meta = shapes.read(self._objects().channel.scatter(records, src, shapes.GATHER_RECORD_BYTES))
         if self.rank == src:
+            total = sum(t.nbytes for t in sources)
+            self._calls.count(total - sources[src].nbytes, 0, total)
             own = shapes.outputs([meta], sources[src], 0, self.device)[0]
             assert records is not None
             sends = {r: t for r, t in enumerate(sources) if r != src and shapes.read(records[r]).data is None}
             return self._complete(self._transfers(sends, {}), lambda: own, async_op)
         received = shapes.outputs([meta], None, -1, self.device)[0]
+        self._calls.count(0, meta.nbytes, meta.nbytes * self.world_size)  # the others' parts are unknown here
         works = self._transfers({}, {src: received}) if meta.data is None else []
         return self._complete(works, lambda: received, async_op)
 
@@ -676,6 +623,8 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
         name = parse_op(op)
         check_op_dtype(name, inputs[0].dtype)
         output = torch.empty_like(inputs[self.rank])
+        total = sum(t.nbytes for t in inputs)
+        self._calls.count(total - output.nbytes, output.nbytes, total)
         work = self._launch(self._reduce_scatter, output, inputs, "sum" if name == "mean" else name)
         world, own = self.world_size, inputs[self.rank]
 
@@ -707,6 +656,8 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
         incoming = shapes.addressed_to(self._objects().channel.all_gather(record), self.rank, "all_to_all")
         outputs = shapes.outputs(incoming, inputs[self.rank], self.rank, self.device)
         others = [r for r in range(self.world_size) if r != self.rank]
+        sent = sum(inputs[r].nbytes for r in others)
+        self._calls.count(sent, sum(outputs[r].nbytes for r in others), sent + inputs[self.rank].nbytes)
         works = self._transfers({r: inputs[r] for r in others}, {r: outputs[r] for r in others})
         return self._complete(works, lambda: outputs, async_op)
 
@@ -718,6 +669,7 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
         tensor = check_tensor("tensor", tensor)
         dst, tag = check_peer("dst", dst, self.rank, self.world_size), check_tag(tag)
         work = self._launch(self._isend, self._stage(tensor), dst, tag)
+        self._calls.count(tensor.nbytes, 0, tensor.nbytes)
         return Handle([work], lambda: None, self._wait)
 
     @collective(p2p=True)
@@ -727,6 +679,7 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
         src, tag = check_peer("src", src, self.rank, self.world_size), check_tag(tag)
         staged = self._stage(tensor)
         work = self._launch_into(staged, self._irecv, src, tag)
+        self._calls.count(0, tensor.nbytes, tensor.nbytes)
 
         def finish() -> torch.Tensor:
             write_back(tensor, staged)

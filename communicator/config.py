@@ -65,6 +65,18 @@ class CommConfig:
     many bytes per byte received, plus 1 MiB; a payload that would need more is refused."""
     debug: bool = False
     """Compare every collective's fingerprint across ranks before running it."""
+    stall_seconds: float = 10.0
+    """After a wait this long (or half the timeout, if shorter), the waiting ranks compare what
+    every rank is doing: ranks in different collectives raise ``CollectiveMismatchError``; ranks
+    that are elsewhere are named in a log line, and the wait goes on."""
+    stats: bool = False
+    """Gather per-operation statistics from the start (``comm.stats()``); ``comm.profile()`` gathers
+    them for one block either way."""
+    trace_dir: str | None = None
+    """Where each rank writes its flight recorder (the last ``trace_events`` operations) when an
+    operation times out, finds a peer lost or closed, a mismatch, or another rank's failure."""
+    trace_events: int = 256
+    """How many operations each communicator's flight recorder keeps."""
     type: str | None = None
     """A registered communicator class (see ``Communicator.register``); ``None`` lets ``create`` choose."""
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -76,7 +88,7 @@ class CommConfig:
         set_(self, "launcher", _choice("launcher", self.launcher, launcher_names()))
         set_(self, "timeout", _timeout(self.timeout))
         set_(self, "master_port", _port(self.master_port))
-        for name in ("init_method", "master_addr", "device", "type"):
+        for name in ("init_method", "master_addr", "device", "type", "trace_dir"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"{name}={value!r} is invalid: expected a non-empty string or None")
@@ -97,8 +109,16 @@ class CommConfig:
         expansion = self.safe_max_expansion
         if isinstance(expansion, bool) or not isinstance(expansion, int) or expansion < 1:
             raise ConfigError(f"safe_max_expansion={expansion!r} is invalid: expected a positive integer")
-        if not isinstance(self.debug, bool):
-            raise ConfigError(f"debug={self.debug!r} is invalid: expected True or False")
+        for flag in ("debug", "stats"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"{flag}={getattr(self, flag)!r} is invalid: expected True or False")
+        stall = self.stall_seconds
+        if isinstance(stall, bool) or not isinstance(stall, (int, float)) or not stall > 0:
+            raise ConfigError(f"stall_seconds={stall!r} is invalid: expected a positive number of seconds")
+        set_(self, "stall_seconds", float(stall))
+        events = self.trace_events
+        if isinstance(events, bool) or not isinstance(events, int) or events < 1:
+            raise ConfigError(f"trace_events={events!r} is invalid: expected a positive integer")
         if not isinstance(self.options, Mapping):
             raise ConfigError(f"options={self.options!r} is invalid: expected a mapping")
 
@@ -150,19 +170,19 @@ ConfigLike = CommConfig | Mapping[str, Any] | None
 
 
 def _parse_env(name: str, raw: str) -> Any:
-    if name == "debug":
+    if name in ("debug", "stats"):
         lowered = raw.strip().lower()
         if lowered in ("1", "true", "yes", "on"):
             return True
         if lowered in ("0", "false", "no", "off", ""):
             return False
-        raise ConfigError(f"{ENV_PREFIX}DEBUG={raw!r} is invalid: expected 1/0, true/false, yes/no")
-    if name in ("timeout",):
+        raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is invalid: expected 1/0, true/false, yes/no")
+    if name in ("timeout", "stall_seconds"):
         try:
             return float(raw)
         except ValueError:
-            raise ConfigError(f"{ENV_PREFIX}TIMEOUT={raw!r} is invalid: expected seconds") from None
-    if name in ("master_port", "safe_max_expansion"):
+            raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is invalid: expected seconds") from None
+    if name in ("master_port", "safe_max_expansion", "trace_events"):
         try:
             return int(raw)
         except ValueError:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,9 +16,7 @@ import torch
 
 from communicator.errors import CollectiveMismatchError
 
-__all__ = ["call_site", "check_fingerprints", "describe_arguments", "fingerprint"]
-
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+__all__ = ["check_fingerprints", "describe_arguments", "fingerprint"]
 
 
 def _summary(value: Any, how: str) -> Any:
@@ -57,18 +53,10 @@ def describe_arguments(
     return described
 
 
-def call_site() -> str:
-    """The first caller outside this package: where the user called the collective."""
-    frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
-        frame = frame.f_back  # type: ignore[assignment]
-    return "unknown" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
-
-
-def fingerprint(op: str, seq: int, arguments: Mapping[str, Any]) -> dict[str, Any]:
+def fingerprint(op: str, seq: int, arguments: Mapping[str, Any], site: str) -> dict[str, Any]:
     """What ranks compare in debug mode (the call site is shown, not compared: two branches may
     legitimately make the same call from different lines)."""
-    return {"op": op, "seq": seq, "args": json.loads(json.dumps(arguments, default=str)), "site": call_site()}
+    return {"op": op, "seq": seq, "args": json.loads(json.dumps(arguments, default=str)), "site": site}
 
 
 def check_fingerprints(sides: Sequence[Mapping[str, Any]]) -> None:

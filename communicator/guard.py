@@ -10,7 +10,10 @@ cannot lose it. For each outermost call the guard
 - numbers collectives (``seq``; point-to-point operations take two ranks, so they do not count);
 - in debug mode, compares a fingerprint of the call across ranks before any data moves;
 - tells the peers when this rank refuses its arguments before communicating, so that ranks
-  already waiting in the operation are released.
+  already waiting in the operation are released;
+- records the call as an :class:`~communicator.events.Event` in the flight recorder, and hands
+  it to the statistics, the hooks and torch's profiler when they are on (each costs one check
+  when it is off).
 
 Operations called by other operations (``sync_random_seed`` broadcasting an object, say) run
 unguarded: the outer call is the one that counts.
@@ -20,39 +23,142 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
-from communicator.errors import CommError
-from communicator.fingerprints import describe_arguments
+import torch
 
-__all__ = ["CallState", "Spec", "collective", "guarded"]
+from communicator.errors import CommError
+from communicator.events import Event, FlightRecorder
+from communicator.fingerprints import describe_arguments
+from communicator.stats import Statistics
+
+__all__ = ["CallState", "Hook", "Spec", "collective", "guarded"]
+
+_profiling = torch._C._autograd._profiler_enabled  # one C call: whether a torch.profiler is recording
+_enter_range = torch._C._autograd._record_function_with_args_enter
+_exit_range = torch._C._autograd._record_function_with_args_exit
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Spec(NamedTuple):
-    """A guarded operation: its name, the arguments debug mode compares, whether it is point-to-point."""
+    """A guarded operation: its name, the arguments debug mode compares, whether it is point-to-point,
+    and where its tensor argument is (position after ``self``, name), if it has one."""
 
     name: str
     match: tuple[str, ...]
     p2p: bool
     signature: inspect.Signature
+    payload: tuple[int, str] | None
+
+
+class Hook(NamedTuple):
+    """Callables run with each operation's :class:`~communicator.events.Event`: ``pre`` before it
+    runs, ``post`` after it finished (or failed)."""
+
+    pre: Callable[[Event], None] | None
+    post: Callable[[Event], None] | None
+
+
+def _open_ranges(name: str, event: Event, tensors: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
+    """A profiler range named ``name`` over the call; its inputs are the tensors, so that a trace
+    recorded with ``record_shapes=True`` shows their dims and types like any torch op's. Inside
+    it, when there are tensors, a range whose name says their sizes (``communicator.all_reduce
+    float32[1024]``), which every trace viewer shows without asking."""
+    outer = _enter_range(name, *tensors)
+    return (outer, _enter_range(f"{name} {event.describe_sizes()}")) if tensors else (outer,)
+
+
+def _run(hooks: list[Hook], stage: str, event: Event) -> None:
+    for hook in hooks:
+        call = hook.pre if stage == "pre" else hook.post
+        if call is None:
+            continue
+        try:
+            call(event)
+        except Exception as error:  # noqa: BLE001 - a hook must not break the operation
+            warnings.warn(
+                f"communicator: a {stage} hook {getattr(call, '__qualname__', call)!r} raised on {event.op} "
+                f"#{event.seq}: {type(error).__name__}: {error}; the operation went on unaffected",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
 
 class CallState:
     """What the guard keeps for one communicator."""
 
-    __slots__ = ("busy", "launched", "op", "refusal", "seq", "thread")
+    __slots__ = ("busy", "event", "group", "hooks", "launched", "op", "ranges", "rank", "recorder", "refusal",
+                 "seq", "sinks", "thread", "up", "world")  # fmt: skip
 
-    def __init__(self) -> None:
+    def __init__(self, events: int = 256) -> None:
         self.busy = threading.Lock()  # held while an operation runs
         self.thread = 0  # the thread running it
         self.op = ""  # the public operation running, or that ran last
         self.seq = 0  # collectives entered so far: the same on every rank of a correct program
         self.launched = False  # whether the running operation has started communicating
         self.refusal: Callable[[str], CommError] | None = None  # why operations are refused, when they are
+        self.event: Event | None = None  # the running operation's
+        self.recorder = FlightRecorder(events)
+        self.group = "world"  # the communicator's name in events: "world", or its world ranks
+        self.sinks: list[Statistics] = []  # statistics being gathered (the configuration's, open profiles)
+        self.hooks: list[Hook] = []
+        self.up: CallState | None = None  # the parent communicator's: its statistics and hooks see ours too
+        self.ranges: tuple[Any, ...] = ()  # the profiler ranges of the running operation
+        self.rank = self.world = 0  # the communicator's, once an operation has asked
+
+    def start(self, spec: Spec, comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Event:
+        if not self.world:  # a communicator's rank and size never change: asked once
+            self.rank, self.world = comm.rank, comm.world_size
+        event = Event(spec.name, self.seq, self.group, self.rank, self.world, spec.p2p, sys._getframe(2))
+        tensors: tuple[torch.Tensor, ...] = ()
+        if spec.payload is not None:
+            index, name = spec.payload
+            value = args[index] if len(args) > index else kwargs.get(name)
+            if isinstance(value, torch.Tensor):  # the common case, kept cheap
+                tensors, event.shapes, event.dtypes = (value,), (value.shape,), (value.dtype,)
+            elif isinstance(value, (list, tuple)):
+                tensors = tuple([t for t in value if isinstance(t, torch.Tensor)])
+                event.shapes, event.dtypes = tuple([t.shape for t in tensors]), tuple([t.dtype for t in tensors])
+        self.event = event
+        self.recorder.add(event)
+        if _profiling():
+            self.ranges = _open_ranges(f"communicator.{spec.name}", event, tensors)
+        state: CallState | None = self
+        while state is not None:
+            if state.hooks:
+                _run(state.hooks, "pre", event)
+            state = state.up
+        return event
+
+    def count(self, sent: int, received: int, size: int) -> None:
+        """Add bytes to the running operation's event (``size``: see :mod:`communicator.stats`)."""
+        event = self.event
+        if event is not None:
+            if event.world > 1:  # in a world of one, nothing moves
+                event.sent += sent
+                event.received += received
+            event.size += size
+
+    def end(self, event: Event, error: BaseException | None) -> None:
+        event.finish(error)
+        self.event = None  # a handle waited on later adds nothing to a finished event
+        if self.ranges:
+            for handle in reversed(self.ranges):
+                _exit_range(handle)
+            self.ranges = ()
+        state: CallState | None = self
+        while state is not None:
+            for sink in state.sinks:
+                sink.add(event)
+            if state.hooks:
+                _run(state.hooks, "post", event)
+            state = state.up
+        event.release()
 
 
 def collective(*match: str, p2p: bool = False) -> Callable[[F], F]:
@@ -63,7 +169,10 @@ def collective(*match: str, p2p: bool = False) -> Callable[[F], F]:
     """
 
     def decorate(method: F) -> F:
-        return guarded(method, Spec(method.__name__, match, p2p, inspect.signature(method)))
+        signature = inspect.signature(method)
+        names = list(signature.parameters)[1:]  # after self
+        payload = next(((names.index(n), n) for n in ("tensor", "tensors") if n in names), None)
+        return guarded(method, Spec(method.__name__, match, p2p, signature, payload))
 
     return decorate
 
@@ -88,9 +197,19 @@ def guarded(method: F, spec: Spec) -> F:
             calls.thread, calls.op, calls.launched = threading.get_ident(), name, False
             if not spec.p2p:
                 calls.seq += 1
-                if self.config.debug:
-                    self._compare_fingerprints(name, describe_arguments(spec.signature, self, args, kwargs, spec.match))
-            return method(self, *args, **kwargs)
+            event = calls.start(spec, self, args, kwargs)  # after the refusal: rank and size are known
+            try:
+                if self.config.debug and not spec.p2p:
+                    arguments = describe_arguments(spec.signature, self, args, kwargs, spec.match)
+                    self._compare_fingerprints(name, arguments, event.site)
+                result = method(self, *args, **kwargs)
+            except BaseException as error:
+                calls.end(event, error)
+                if self.config.trace_dir is not None and (calls.launched or isinstance(error, CommError)):
+                    self._dump_after(error)
+                raise
+            calls.end(event, None)
+            return result
         except (TypeError, ValueError) as error:
             if not calls.launched:  # peers may already wait in this operation: release them
                 self._announce_bad_arguments(error, name)

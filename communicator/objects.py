@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
@@ -24,6 +25,7 @@ import torch
 
 from communicator.arguments import TRANSFER_TAG
 from communicator.errors import RemoteError, RemoteFailure
+from communicator.events import Event
 from communicator.serialization import Codec, pack_frame, receive_device, unpack_frame
 
 __all__ = [
@@ -212,15 +214,22 @@ class Port:
     codec: Codec
     device: torch.device | None  # where CUDA tensors inside received objects go (None: the CPU)
 
+    event: Event | None = None  # the running operation's: serialisation time and bytes go there
+
     def encode(self, obj: Any, where: str) -> tuple[np.ndarray, np.ndarray, BaseException | None]:
         """(frame, record, error): a failing encoder becomes a failure record, not a hang."""
+        started = time.perf_counter()
         try:
             frame = pack_frame(self.codec.encode(obj))
         except Exception as error:  # noqa: BLE001 - every encoding failure must reach the peers
             return _NOTHING, failure_record(RemoteFailure.of(self.channel.rank, error, where)), error
+        if self.event is not None:
+            self.event.serialize += time.perf_counter() - started
+            self.event.sent += frame.nbytes
         return frame, frame_record(frame), None
 
     def decode(self, data: memoryview, sender: int) -> Any:
+        started = time.perf_counter()
         token = receive_device.set(self.device)
         try:
             stream, buffers = unpack_frame(data)
@@ -230,6 +239,9 @@ class Port:
             raise
         finally:
             receive_device.reset(token)
+            if self.event is not None:
+                self.event.deserialize += time.perf_counter() - started
+                self.event.received += data.nbytes
 
     def receive(self, record: Record, sender: int) -> Any:
         """The object ``record`` announced: inline, or fetched from ``sender`` point to point."""

@@ -13,6 +13,7 @@ inline bytes.
 from __future__ import annotations
 
 import dataclasses
+import math
 import struct
 from collections.abc import Sequence
 
@@ -47,6 +48,10 @@ class Meta:
     @property
     def dtype(self) -> torch.dtype:
         return WIRE_DTYPES[self.code]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
 
     def tensor(self, device: torch.device) -> torch.Tensor:
         """The inline tensor, in memory of its own (the record's buffer is reused)."""

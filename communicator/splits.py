@@ -11,7 +11,7 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 from communicator.arguments import check_grid, check_members, check_split
 from communicator.errors import CollectiveMismatchError
-from communicator.guard import collective
+from communicator.guard import CallState, collective
 
 __all__ = ["Splittable", "Splitting", "groups_of", "same_members"]
 
@@ -39,6 +39,7 @@ class Splittable(Protocol):
 
     _children: list[Any]
     _local: Any
+    _calls: CallState
 
     @property
     def rank(self) -> int: ...
@@ -67,6 +68,9 @@ class Splitting(Generic[C]):
     def _subgroup(self: Splittable, groups: list[list[int]]) -> Any:
         comm = self._create_groups(groups)
         self._children.append(comm)
+        calls: CallState = comm._calls
+        calls.up = self._calls  # its operations reach this communicator's statistics and hooks
+        calls.group = "ranks " + ",".join(map(str, comm.global_ranks)) if comm.is_member else "outside"
         return comm
 
     @collective("ranks")

@@ -264,7 +264,7 @@ class TorchComm(Communicator):
 
     @override
     def _object_channel(self) -> TorchChannel:
-        return TorchChannel(self._rank, self._scope.companion, self._group_rank_of, self._wait)
+        return TorchChannel(self._rank, self._scope.companion, self._group_rank_of, self._await)
 
     # -- waiting and failures ------------------------------------------------------------------------
 

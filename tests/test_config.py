@@ -35,6 +35,11 @@ def test_defaults_and_mmengine_style_mapping() -> None:
         ({"safe_max_expansion": True}, "safe_max_expansion=True"),
         ({"safe_max_expansion": "64"}, "safe_max_expansion='64'"),
         ({"debug": "yes"}, "debug='yes'"),
+        ({"stats": 1}, "stats=1"),
+        ({"stall_seconds": 0}, "stall_seconds=0"),
+        ({"stall_seconds": "5"}, "stall_seconds='5'"),
+        ({"trace_dir": ""}, "trace_dir=''"),
+        ({"trace_events": 0}, "trace_events=0"),
         ({"device": "gpu:x"}, "device='gpu:x'"),
         ({"master_addr": ""}, "master_addr=''"),
         ({"colour": "red"}, "unknown config key 'colour'"),
@@ -67,6 +72,13 @@ def test_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="COMMUNICATOR_SAFE_MAX_EXPANSION"):
         CommConfig.of(None)
     monkeypatch.delenv("COMMUNICATOR_SAFE_MAX_EXPANSION")
+    monkeypatch.setenv("COMMUNICATOR_STATS", "yes")
+    monkeypatch.setenv("COMMUNICATOR_STALL_SECONDS", "2.5")
+    monkeypatch.setenv("COMMUNICATOR_TRACE_DIR", "/tmp/traces")
+    monkeypatch.setenv("COMMUNICATOR_TRACE_EVENTS", "64")
+    cfg = CommConfig.of(None)
+    assert cfg.stats and cfg.stall_seconds == 2.5 and cfg.trace_dir == "/tmp/traces" and cfg.trace_events == 64
+    assert not CommConfig().stats and CommConfig().stall_seconds == 10.0 and CommConfig().trace_dir is None
     monkeypatch.setenv("COMMUNICATOR_DEBUG", "maybe")
     with pytest.raises(ConfigError, match="COMMUNICATOR_DEBUG"):
         CommConfig.of(None)

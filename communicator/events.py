@@ -1,0 +1,148 @@
+"""What a communicator records of each operation: one :class:`Event` per public call, the last
+of them in a ring (the flight recorder), dumped as JSON when something goes wrong or when asked.
+
+Every outermost public call gets an event from the guard; the operation itself adds what only it
+knows (bytes, serialisation and wait time). Hooks and statistics read the same events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["Event", "FlightRecorder", "call_site"]
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def call_site(frame: Any) -> str:
+    """``file:line`` of ``frame``, or of the first frame above it outside this package."""
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame = frame.f_back
+    return "unknown" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+_EPOCH = time.time() - time.perf_counter()  # turns the monotonic clock into wall-clock time
+_FIELDS = ("op", "seq", "group", "rank", "world", "p2p", "shapes", "dtypes", "site", "started", "state", "error",
+           "duration", "wait", "serialize", "deserialize", "sent", "received", "size")  # fmt: skip
+
+
+class Event:
+    """One public operation, as this rank ran it: what hooks receive and the flight recorder keeps.
+
+    Set when the operation starts:
+
+    - ``op``: the public method (``"all_reduce"``, ``"gather_object"``, ...);
+    - ``seq``: the collective's number on its communicator, the same on every rank of a correct
+      program (point-to-point operations carry the number of the last collective before them);
+    - ``group``: ``"world"``, or ``"ranks 0,2"`` (the world ranks of a subgroup);
+    - ``rank`` in the group and its size ``world``; ``p2p``: whether it is point-to-point;
+    - ``shapes`` and ``dtypes`` (``"float32"``, ...) of the tensor arguments;
+    - ``site``: ``file:line`` of the call; ``started``: seconds since the epoch.
+
+    Set when it has finished (hooks' ``post`` see them): ``state`` (``"running"``, ``"done"``,
+    ``"failed"``), ``error`` (the first line of the error, or ``None``), and the accounting the
+    statistics sum (:mod:`communicator.stats` defines each): ``duration``, ``wait``,
+    ``serialize``, ``deserialize`` (seconds), ``sent``, ``received``, ``size`` (bytes).
+    """
+
+    __slots__ = (*_FIELDS[:8], "_clock", "_frame", "_site", *_FIELDS[10:])
+
+    def __init__(self, op: str, seq: int, group: str, rank: int, world: int, p2p: bool, frame: Any) -> None:
+        self.op, self.seq, self.group, self.rank, self.world, self.p2p = op, seq, group, rank, world, p2p
+        self.shapes: tuple[torch.Size, ...] = ()
+        self.dtypes: tuple[torch.dtype, ...] = ()
+        self.state = "running"
+        self.error: str | None = None
+        self.duration = self.wait = self.serialize = self.deserialize = 0.0
+        self.sent = self.received = self.size = 0
+        self._frame, self._site = frame, ""  # the caller's frame while it runs: its site is found when asked
+        self._clock = time.perf_counter()
+
+    @property
+    def site(self) -> str:
+        """``file:line`` of the call: known while it runs (hooks see it), and after it failed."""
+        if not self._site and self._frame is not None:
+            self._site = call_site(self._frame)
+        return self._site or "unknown"
+
+    @property
+    def started(self) -> float:
+        """When the operation started, in seconds since the epoch."""
+        return _EPOCH + self._clock
+
+    def finish(self, error: BaseException | None) -> None:
+        self.duration = time.perf_counter() - self._clock
+        if error is None:
+            self.state = "done"
+        else:
+            self.state, self.error = "failed", f"{type(error).__name__}: {error}".splitlines()[0][:300]
+            self._site = self.site
+
+    def release(self) -> None:
+        """Drop the caller's frame (the operation has returned)."""
+        self._frame = None
+
+    def describe_sizes(self) -> str:
+        """The tensor arguments as ``dtype[shape]``, e.g. ``float32[1024, 3]``."""
+        return ", ".join(
+            f"{str(d).removeprefix('torch.')}{list(s)}" for d, s in zip(self.dtypes, self.shapes, strict=True)
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields, JSON-ready: shapes as lists, dtypes as names (``"float32"``)."""
+        record = {name: getattr(self, name) for name in _FIELDS}
+        record["shapes"] = [list(shape) for shape in self.shapes]
+        record["dtypes"] = [str(dtype).removeprefix("torch.") for dtype in self.dtypes]
+        return record
+
+    def __repr__(self) -> str:
+        return f"<Event #{self.seq} {self.op} {self.state} on rank {self.rank} of {self.group}>"
+
+
+class FlightRecorder:
+    """The last ``capacity`` events of one communicator, oldest first."""
+
+    def __init__(self, capacity: int) -> None:
+        self._ring: list[Event | None] = [None] * capacity
+        self._capacity = capacity
+        self._next = 0
+
+    def add(self, event: Event) -> None:
+        self._ring[self._next % self._capacity] = event
+        self._next += 1
+
+    def __iter__(self) -> Iterator[Event]:
+        count = min(self._next, len(self._ring))
+        for index in range(self._next - count, self._next):
+            event = self._ring[index % len(self._ring)]
+            if event is not None:
+                yield event
+
+    def last(self) -> Event | None:
+        return self._ring[(self._next - 1) % len(self._ring)] if self._next else None
+
+    def dump(self, directory: str, name: str, world_rank: int, extra: dict[str, Any]) -> str:
+        """Write the events to ``directory/<name>-rank<world_rank>.json``; the file's path."""
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"{name}-rank{world_rank}.json")
+        record = {
+            "group": name,
+            "world_rank": world_rank,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "dumped": time.time(),
+            **extra,
+            "events": [event.as_dict() for event in self],
+        }
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w") as out:
+            json.dump(record, out, indent=1, default=str)
+        os.replace(temporary, path)  # a reader never sees half a file
+        return path
