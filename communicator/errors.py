@@ -142,10 +142,11 @@ class CollectiveMismatchError(CommError):
     collective already exchanges what it needs to tell (``all_reduce_dict`` keys, ``new_group``
     member lists, gathered tensors' dtypes and dimensions).
 
-    ``sides`` maps each rank to the description of the call it made.
+    ``sides`` maps each rank to the description of the call it made; ``what`` says what differs.
     """
 
     def __init__(self, sides: Mapping[int, str], what: str = "collective calls differ") -> None:
         self.sides: dict[int, str] = dict(sides)
+        self.what = what
         table = "\n".join(f"  rank {r}: {s}" for r, s in sorted(self.sides.items()))
         super().__init__(f"{what} across ranks:\n{table}")

@@ -16,16 +16,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["Event", "FlightRecorder", "call_site"]
+__all__ = ["Event", "FlightRecorder", "locate"]
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
-def call_site(frame: Any) -> str:
-    """``file:line`` of ``frame``, or of the first frame above it outside this package."""
+def locate(frame: Any) -> tuple[str, int] | None:
+    """(file, line) of ``frame``, or of the first frame above it outside this package."""
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame = frame.f_back
-    return "unknown" if frame is None else f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    return None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
 
 
 _EPOCH = time.time() - time.perf_counter()  # turns the monotonic clock into wall-clock time
@@ -62,32 +62,37 @@ class Event:
         self.error: str | None = None
         self.duration = self.wait = self.serialize = self.deserialize = 0.0
         self.sent = self.received = self.size = 0
-        self._frame, self._site = frame, ""  # the caller's frame while it runs: its site is found when asked
+        self._frame = frame  # the caller's, while the operation runs
+        self._site: tuple[str, int] | None = None
         self._clock = time.perf_counter()
 
     @property
     def site(self) -> str:
-        """``file:line`` of the call: known while it runs (hooks see it), and after it failed."""
-        if not self._site and self._frame is not None:
-            self._site = call_site(self._frame)
-        return self._site or "unknown"
+        """``file:line`` of the call (``"unknown"`` if it came from no file outside this package)."""
+        where = self._site or locate(self._frame)
+        return "unknown" if where is None else f"{where[0]}:{where[1]}"
 
     @property
     def started(self) -> float:
         """When the operation started, in seconds since the epoch."""
         return _EPOCH + self._clock
 
+    def since(self) -> float:
+        """Seconds since it started, while it runs; since it ended, after."""
+        now = time.perf_counter()
+        return now - self._clock if self.state == "running" else now - self._clock - self.duration
+
     def finish(self, error: BaseException | None) -> None:
         self.duration = time.perf_counter() - self._clock
         if error is None:
             self.state = "done"
         else:
-            self.state, self.error = "failed", f"{type(error).__name__}: {error}".splitlines()[0][:300]
-            self._site = self.site
+            self.state, self.error = "failed", f"{type(error).__name__}: {error}".splitlines()[0][:300].rstrip(":")
 
     def release(self) -> None:
-        """Drop the caller's frame (the operation has returned)."""
-        self._frame = None
+        """Keep the call's site and drop the caller's frame (the operation has returned)."""
+        frame, self._frame = self._frame, None
+        self._site = locate(frame)
 
     def describe_sizes(self) -> str:
         """The tensor arguments as ``dtype[shape]``, e.g. ``float32[1024, 3]``."""

@@ -26,7 +26,16 @@ from typing import Any
 
 from torch.distributed.distributed_c10d import PrefixStore, Store
 
-from communicator.errors import CommError, CommTimeoutError, PeerClosedError, PeerLostError, RemoteError, RemoteFailure
+from communicator.errors import (
+    CollectiveMismatchError,
+    CommError,
+    CommTimeoutError,
+    PeerClosedError,
+    PeerLostError,
+    RemoteError,
+    RemoteFailure,
+)
+from communicator.stalls import Stall, Watch
 
 __all__ = ["POLL_SECONDS", "FailureBoard", "PointToPoint", "TransferWaiter", "translate", "wait"]
 
@@ -81,6 +90,23 @@ class FailureBoard:
         """Announce that ``failure.rank`` refused its arguments to operation number ``seq``."""
         self._post(f"input/{seq}/{failure.rank}", failure.to_json())
 
+    def post_mismatch(self, error: CollectiveMismatchError) -> None:
+        """Announce a mismatch found by a stalled rank, so that every member raises the same error."""
+        self._post("mismatch", json.dumps({"what": error.what, "sides": error.sides}).encode())
+
+    def publish(self, rank: int, status: str) -> None:
+        """Write process ``rank``'s status (see :mod:`communicator.stalls`); raises if the store is gone."""
+        self._store.set(f"status/{rank}", status)
+
+    def statuses(self, ranks: Sequence[int]) -> dict[int, str]:
+        """The statuses that ``ranks`` have written, by rank."""
+        found = {}
+        for rank in ranks:
+            key = f"status/{rank}"
+            if self._store.check([key]):
+                found[rank] = self._store.get(key).decode()
+        return found
+
     def post_closed(self, rank: int, seq: int, last: str) -> None:
         """Announce that ``rank`` closed its communicator after ``seq`` collectives, the last ``last``."""
         self._post(f"closed/{rank}", json.dumps({"seq": seq, "last": last}).encode())
@@ -117,6 +143,9 @@ class FailureBoard:
                 raise PeerLostError(f"{what} on rank {rank}: rank {peer} (pid {pid}) has exited; a peer was lost")
 
     def _raise_reported(self, rank: int, seq: int, what: str) -> None:
+        if self._store.check(["mismatch"]):  # what every rank raises, whoever found it first
+            found = json.loads(self._store.get("mismatch"))
+            raise CollectiveMismatchError({int(r): side for r, side in found["sides"].items()}, found["what"])
         failures = [f for f in self._read("fail/") if f.rank != rank]
         seen = {f.rank for f in failures}
         failures += [f for f in self._read(f"input/{seq}/") if f.rank not in seen and f.rank != rank]
@@ -183,21 +212,26 @@ class FailureBoard:
         except Exception:  # noqa: BLE001 - leaving must never fail
             pass
 
-    def barrier(self, rank: int, seq: int, timeout: float, what: str = "barrier") -> None:
+    def barrier(self, rank: int, seq: int, timeout: float, what: str = "barrier", watch: Watch | None = None) -> None:
         """A barrier through the store that names, on every rank, the ranks that did not arrive."""
         self._barriers += 1
         prefix = f"barrier{self._barriers}/"
         self._store.set(f"{prefix}{rank}", "1")
         keys = [f"{prefix}{r}" for r in range(self._world_size)]
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        stall = watch.begin(rank, what, started, timeout) if watch is not None else None
         pause = 0.001
         # check() and a sleep, not wait(): a timed-out wait() logs a warning in c10d every time.
         while not self._store.check(keys):  # completion first: a peer may finish, then fail, while we sleep
             self.check(rank, seq, what)
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if stall is not None:
+                stall.tick(now)
+            if now - started > timeout:
                 missing = [r for r, key in enumerate(keys) if not self._store.check([key])]
+                found = f": {stall.who(missing)}" if stall is not None and stall.who(missing) else ""
                 raise CommTimeoutError(
-                    f"{what} timed out after {timeout:g} s on rank {rank}: ranks {missing} did not arrive",
+                    f"{what} timed out after {timeout:g} s on rank {rank}: ranks {missing} did not arrive{found}",
                     missing_ranks=missing,
                 )
             time.sleep(pause)
@@ -307,10 +341,14 @@ def wait(
     seq: int,
     what: str,
     limit: float,
+    watch: Watch | None = None,
 ) -> None:
     """Wait for ``works`` (operation number ``seq``, ``what``); raise promptly if a peer failed,
-    refused its part, died or closed, and ``CommTimeoutError`` after ``limit`` seconds."""
-    deadline = time.monotonic() + limit
+    refused its part, died or closed, and ``CommTimeoutError`` after ``limit`` seconds. A wait
+    that lasts has its stall diagnosed (``watch``, see :mod:`communicator.stalls`)."""
+    started = time.monotonic()
+    deadline = started + limit
+    stall: Stall | None = None
     p2p = [w for w in works if isinstance(w, PointToPoint)]
     job = transfers.start(p2p, limit) if p2p else None
     for work in works:
@@ -324,38 +362,70 @@ def wait(
                 # The slice ran out ("Operation timed out!"): look around, then wait again. Any other
                 # error is the operation's own; a finished work returns at once next time.
                 if "Operation timed out" not in str(error):
-                    raise translate(error, board, rank, seq, what) from error
+                    raise translate(error, board, rank, seq, what, stall, limit) from error
             board.check(rank, seq, what)
-            if time.monotonic() > deadline:
-                raise CommTimeoutError(f"{what} did not finish within {limit:g} s on rank {rank}")
+            now = time.monotonic()
+            if watch is not None:
+                stall = stall or watch.begin(rank, what, started, limit)
+                stall.tick(now)
+            if now > deadline:
+                raise _timed_out(what, rank, limit, stall)
     if job is not None:
-        _wait_for_transfers(job, p2p, board, rank, seq, what, deadline)
+        stall = stall or (watch.begin(rank, what, started, limit) if watch is not None else None)
+        _wait_for_transfers(job, p2p, board, rank, seq, what, deadline, stall, limit)
+
+
+def _timed_out(what: str, rank: int, limit: float | None, stall: Stall | None, detail: str = "") -> CommTimeoutError:
+    found = stall.explain() if stall is not None else ""
+    missing = stall.verdict.awaited if stall is not None and stall.verdict is not None else None
+    within = f"within {limit:g} s " if limit is not None else "in time "
+    message = f"{what} did not finish {within}on rank {rank}" + (f": {found}" if found else "")
+    return CommTimeoutError(message + (f" (the backend said: {detail})" if detail else ""), missing_ranks=missing)
 
 
 def _wait_for_transfers(
-    job: _Job, p2p: Sequence[PointToPoint], board: FailureBoard, rank: int, seq: int, what: str, deadline: float
+    job: _Job,
+    p2p: Sequence[PointToPoint],
+    board: FailureBoard,
+    rank: int,
+    seq: int,
+    what: str,
+    deadline: float,
+    stall: Stall | None,
+    limit: float,
 ) -> None:
     # The transfers time out on their own at the deadline; the grace covers a stuck thread.
     noticed: dict[int, float] = {}  # when this rank first saw a peer of an unfinished transfer closed
     while not job.done.wait(POLL_SECONDS):
         board.check(rank, seq, what)
+        now = time.monotonic()
+        if stall is not None:
+            stall.tick(now)
         closed = board.closed() if board.has_closed_peers() else {}
         for transfer in p2p:
             if transfer.peer in closed and not transfer.is_completed():
-                since = noticed.setdefault(transfer.peer, time.monotonic())
-                if time.monotonic() - since > CLOSED_GRACE_SECONDS:
+                since = noticed.setdefault(transfer.peer, now)
+                if now - since > CLOSED_GRACE_SECONDS:
                     done, last = closed[transfer.peer]
                     raise PeerClosedError(transfer.peer, done, last, f"{what} on rank {rank}")
-        if time.monotonic() > deadline + POLL_SECONDS * 20:
-            raise CommTimeoutError(f"{what} did not finish in time on rank {rank}")
+        if now > deadline + POLL_SECONDS * 20:
+            raise _timed_out(what, rank, limit, stall)
     failure = job.error
     if failure is not None:
         if not isinstance(failure, RuntimeError):
             raise failure
-        raise translate(failure, board, rank, seq, what) from failure
+        raise translate(failure, board, rank, seq, what, stall, limit) from failure
 
 
-def translate(error: RuntimeError, board: FailureBoard, rank: int, seq: int, what: str) -> CommError:
+def translate(
+    error: RuntimeError,
+    board: FailureBoard,
+    rank: int,
+    seq: int,
+    what: str,
+    stall: Stall | None = None,
+    limit: float | None = None,
+) -> CommError:
     """The library's error for a backend's: a peer that failed first explains any transport error;
     the backend's own text is kept as the detail."""
     if isinstance(error, CommError):
@@ -371,5 +441,5 @@ def translate(error: RuntimeError, board: FailureBoard, rank: int, seq: int, wha
             f"{what} on rank {rank}: a peer was lost (its process died or closed the connection): {first_line}"
         )
     if "timed out" in text.lower():
-        return CommTimeoutError(f"{what} timed out on rank {rank}: {first_line}")
+        return _timed_out(what, rank, limit, stall, first_line)
     return CommError(f"{what} failed on rank {rank}: {first_line}")

@@ -15,12 +15,13 @@ import torch.distributed as dist
 from typing_extensions import override
 
 import communicator.faults as faults
+import communicator.stalls as stalls
 import communicator.startup as startup
 import communicator.wire as wire
 from communicator.arguments import TRANSFER_TAG
 from communicator.base import Communicator
 from communicator.config import CommConfig
-from communicator.errors import CommError, NotMemberError, RemoteFailure
+from communicator.errors import CollectiveMismatchError, CommError, NotMemberError, RemoteFailure
 from communicator.factory import TORCH
 from communicator.groups import GroupPair, Groups
 from communicator.handles import Work
@@ -59,6 +60,7 @@ class GroupScope:
     topology: Topology
     board: faults.FailureBoard
     groups: Groups  # the torch groups the world created, shared by its subgroups
+    watcher: stalls.Watcher  # publishes this process's status for the world, shared by its subgroups
     parent: TorchComm | None = None
 
     @classmethod
@@ -82,7 +84,8 @@ class GroupScope:
             f"board{cls._boards}/",
         )
         layout = topology or Topology.from_environ(dist.get_rank(), size)
-        return cls(world, companion, tuple(range(size)), layout, board, groups)
+        watcher = stalls.Watcher(board, dist.get_rank())
+        return cls(world, companion, tuple(range(size)), layout, board, groups, watcher)
 
     _boards = 0  # boards made in this process
 
@@ -111,6 +114,9 @@ class TorchComm(Communicator):
         self._device = self._pick_device()
         self._board = scope.board
         self._board.announce_process(self._rank)
+        self._watch = stalls.Watch(
+            scope.watcher, self._board.name, self._calls, scope.global_ranks, self.config.stall_seconds
+        )
         self._helper = faults.TransferWaiter()
         self._broken: CommError | None = None
         self._owned: startup.Started | None = None
@@ -272,8 +278,9 @@ class TorchComm(Communicator):
     def _wait(self, works: Sequence[Work], timeout: float | None = None) -> None:
         flat = [part for work in works for part in (work.works if isinstance(work, _Together) else (work,))]
         try:
+            calls = self._calls
             faults.wait(
-                flat, self._board, self._helper, self._rank, self._calls.seq, self._calls.op, timeout or self._limit
+                flat, self._board, self._helper, self._rank, calls.seq, calls.op, timeout or self._limit, self._watch
             )
         except CommError as error:
             raise self._abandon(error) from None
@@ -284,6 +291,8 @@ class TorchComm(Communicator):
         if self._broken is None:
             self._broken = error
             self._calls.refusal = self._unusable
+            if isinstance(error, CollectiveMismatchError):
+                self._board.post_mismatch(error)
             self._board.post(RemoteFailure.of(self._rank, error, self._calls.op))
         return error
 
@@ -312,7 +321,7 @@ class TorchComm(Communicator):
     def _timed_barrier(self, timeout: float) -> None:
         # Through the store, not the group: a rank that times out leaves the group intact, and every
         # waiting rank names the late ones itself.
-        self._board.barrier(self._rank, self._calls.seq, timeout)
+        self._board.barrier(self._rank, self._calls.seq, timeout, self._calls.op, self._watch)
 
     @override
     def _patient_barrier(self, timeout: float | None) -> None:
@@ -376,6 +385,9 @@ class TorchComm(Communicator):
             self._board.post_closed(self._rank, self._calls.seq, self._calls.op)
         finally:
             self._helper.stop()
+            self._scope.watcher.forget(self._board.name)
+            if self._scope.parent is None:
+                self._scope.watcher.stop()
             if self._owned is not None and dist.is_initialized():
                 linger = LINGER_SECONDS if failed or Communicator._exiting else self._limit
                 self._board.depart(self._rank, self._owned.hosts_store, linger)
@@ -478,8 +490,9 @@ class SubgroupComm(TorchComm):
         self, parent: TorchComm, global_ranks: Sequence[int], pair: GroupPair, board: faults.FailureBoard
     ) -> None:
         group, companion = pair
+        shared = parent._scope
         scope = GroupScope(
-            group, companion, tuple(global_ranks), parent._scope.topology, board, parent._scope.groups, parent
+            group, companion, tuple(global_ranks), shared.topology, board, shared.groups, shared.watcher, parent
         )
         super().__init__(parent.config, scope)
         self._reason = f"split from {type(parent).__name__} over world ranks {list(global_ranks)}"

@@ -1,4 +1,4 @@
-"""``python -m communicator`` / ``communicator``: demo, info, check and bench."""
+"""``python -m communicator`` / ``communicator``: demo, info, check, bench and trace."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ COMMANDS = {
     "info": "show what Communicator.create() would build here, and why",
     "check": "run every collective once across the ranks of a real job and report pass/fail",
     "bench": "time object and tensor collectives against torch.distributed and mmengine.dist",
+    "trace": "merge the ranks' flight-recorder dumps and show where they diverged",
 }
 
 
