@@ -44,6 +44,10 @@ class Coordinated(Protocol):
 
     def _leave_together(self, name: str) -> None: ...
 
+    def _main_done(self, limit: float | None) -> None: ...
+
+    def _main_first(self) -> None: ...
+
 
 class Coordination:
     """Seeds every rank agrees on, rank-0-only work, and failing together."""
@@ -113,7 +117,7 @@ class Coordination:
             raise RemoteError([RemoteFailure.of(self.rank, error, name)], context=name) from error
         self._leave_together(name)
 
-    @collective()
+    @collective(name="fail_together")
     def _leave_together(self: Coordinated, name: str) -> None:
         """The end of a ``fail_together`` block: every rank says it succeeded, or names its failure."""
         check_records(self._objects().channel.all_gather(empty_record()), None, name)
@@ -139,6 +143,12 @@ class Coordination:
         except BaseException as error:
             self._announce_failure(error, "wait_for_main")
             raise
+        self._main_done(limit)
+
+    @collective(name="wait_for_main")
+    def _main_done(self: Coordinated, limit: float | None) -> None:
+        """The end of a ``wait_for_main`` block, where the others wait for rank 0 (an operation of its own,
+        so that a stall names it)."""
         self._patient_barrier(limit)
 
     @contextlib.contextmanager
@@ -149,7 +159,7 @@ class Coordination:
         and raise :class:`RemoteError` if rank 0's block raises.
         """
         if not self.is_main_process:
-            self._patient_barrier(None)
+            self._main_first()
             yield
             return
         try:
@@ -157,4 +167,9 @@ class Coordination:
         except BaseException as error:
             self._announce_failure(error, "main_process_first")
             raise
+        self._main_first()
+
+    @collective(name="main_process_first")
+    def _main_first(self: Coordinated) -> None:
+        """Where rank 0 ends its ``main_process_first`` block and the others start theirs."""
         self._patient_barrier(None)

@@ -50,15 +50,25 @@ _LOST = ("Connection closed by peer", "Connection reset", "Broken pipe", "Socket
 class FailureBoard:
     """Keys in the rendezvous store, one namespace per communicator (see the module docstring)."""
 
-    def __init__(self, store: Store | _ClosedStore, world_size: int, name: str) -> None:
+    def __init__(
+        self, store: Store | _ClosedStore, world_size: int, name: str, parent: FailureBoard | None = None
+    ) -> None:
         #: The namespace's path in the store; unique in the job.
         self.name = name
+        self._parent = parent  # a subgroup's waiters also heed failures posted on the boards above
+        self._above = [0] * self._depth()  # the event count of each board above at the last look
         self._store = store
         self._world_size = world_size
         self._barriers = 0
         self._children = 0
         self._seen = 0  # the event count at the last look
         self._processes: dict[int, int] | None = None
+
+    def _depth(self) -> int:
+        board, depth = self._parent, 0
+        while board is not None:
+            board, depth = board._parent, depth + 1
+        return depth
 
     @classmethod
     def in_store(cls, store: Store, prefix: str, world_size: int, name: str) -> FailureBoard:
@@ -78,7 +88,7 @@ class FailureBoard:
         """A namespace for a subgroup, inside this one."""
         if isinstance(self._store, _ClosedStore):
             raise CommError("the communicator is closed: no new subgroups")
-        return FailureBoard(PrefixStore(name, self._store), world_size, self.name + name)
+        return FailureBoard(PrefixStore(name, self._store), world_size, self.name + name, self)
 
     # -- posting ---------------------------------------------------------------------------
 
@@ -127,20 +137,33 @@ class FailureBoard:
         """Raise when a peer failed, refused its part of operation ``seq``, died, or closed before
         reaching it; ``what`` names what this rank waits in. One store round trip when nothing changed."""
         try:
+            board, level = self._parent, 0
+            while board is not None:  # a failure for good above explains anything seen here (a peer closing)
+                self._above[level], failures = board.failures_since(self._above[level])
+                if failures:
+                    context = f"{what} on rank {rank} abandoned (ranks of the communicator it was split from)"
+                    raise RemoteError(_first_causes(failures), context=context)
+                board, level = board._parent, level + 1
             events = self._store.add("events", 0)
             if events != self._seen:
                 self._seen = events
                 self._raise_reported(rank, seq, what)
+            for peer, pid in self._processes_on_host(rank).items():
+                # A peer that closed first and then exited is judged by what it completed (above), not lost.
+                if not _alive(pid) and not self._store.check([f"closed/{peer}"]):
+                    raise PeerLostError(f"{what} on rank {rank}: rank {peer} (pid {pid}) has exited; a peer was lost")
         except CommError:
             raise
         except Exception:  # noqa: BLE001 - the store lives on world rank 0: unreachable means it is gone
             raise PeerLostError(
                 f"{what} on rank {rank}: the rendezvous store (hosted by world rank 0) is unreachable"
             ) from None
-        for peer, pid in self._processes_on_host(rank).items():
-            # A peer that closed first and then exited is judged by what it completed (above), not lost.
-            if not _alive(pid) and not self._store.check([f"closed/{peer}"]):
-                raise PeerLostError(f"{what} on rank {rank}: rank {peer} (pid {pid}) has exited; a peer was lost")
+
+    def failures_since(self, seen: int) -> tuple[int, list[RemoteFailure]]:
+        """(the event count, the failures for good posted here if it moved past ``seen``): one store
+        round trip when nothing changed."""
+        events = self._store.add("events", 0)
+        return events, self._read("fail/") if events != seen else []
 
     def _raise_reported(self, rank: int, seq: int, what: str) -> None:
         if self._store.check(["mismatch"]):  # what every rank raises, whoever found it first
@@ -150,7 +173,7 @@ class FailureBoard:
         seen = {f.rank for f in failures}
         failures += [f for f in self._read(f"input/{seq}/") if f.rank not in seen and f.rank != rank]
         if failures:
-            raise RemoteError(failures, context=f"{what} on rank {rank} abandoned")
+            raise RemoteError(_first_causes(failures), context=f"{what} on rank {rank} abandoned")
         for peer, (done, last) in self.closed().items():
             if peer != rank and done < seq:
                 raise PeerClosedError(peer, done, last, f"{what} on rank {rank}")
@@ -236,6 +259,16 @@ class FailureBoard:
                 )
             time.sleep(pause)
             pause = min(pause * 2, POLL_SECONDS)
+
+
+# Failures that only report another rank's: a rank released by a peer's failure posts one too.
+_ECHOES = ("RemoteError", "PeerClosedError")
+
+
+def _first_causes(failures: list[RemoteFailure]) -> list[RemoteFailure]:
+    """The failures that are not echoes of another rank's (all of them, if every one is)."""
+    causes = [f for f in failures if f.error_type not in _ECHOES]
+    return causes or failures
 
 
 def _alive(pid: int) -> bool:

@@ -161,18 +161,19 @@ class CallState:
         event.release()
 
 
-def collective(*match: str, p2p: bool = False) -> Callable[[F], F]:
+def collective(*match: str, p2p: bool = False, name: str | None = None) -> Callable[[F], F]:
     """Mark a public method as an operation every call of which goes through the guard.
 
     ``match`` names the arguments debug mode compares across ranks (see
-    :func:`~communicator.fingerprints.describe_arguments`).
+    :func:`~communicator.fingerprints.describe_arguments`); ``name`` is the operation's name in
+    events and messages (default: the method's), for a private method that is part of a public one.
     """
 
     def decorate(method: F) -> F:
         signature = inspect.signature(method)
         names = list(signature.parameters)[1:]  # after self
         payload = next(((names.index(n), n) for n in ("tensor", "tensors") if n in names), None)
-        return guarded(method, Spec(method.__name__, match, p2p, signature, payload))
+        return guarded(method, Spec(name or method.__name__, match, p2p, signature, payload))
 
     return decorate
 

@@ -18,6 +18,7 @@ from communicator.config import CommConfig
 from communicator.errors import CommError, ConfigError
 from communicator.launchers import EnvironmentPatch, LauncherEnv, Topology, TorchrunEnv
 from communicator.launchers.local import free_port
+from communicator.launchers.network import network_env
 
 __all__ = ["Started", "resolve_backend", "start", "world_of_one"]
 
@@ -84,7 +85,8 @@ def start(config: CommConfig, env: LauncherEnv) -> Started:
     backend = resolve_backend(config.backend, env.local_size)
     if backend == "nccl":
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
-    environment = EnvironmentPatch(env.env_updates())
+    # Several nodes: the master host is checked, and gloo's interface chosen, before any rendezvous.
+    environment = EnvironmentPatch({**env.env_updates(), **network_env(env, config.init_method)})
     host = f"[{env.master_addr}]" if ":" in env.master_addr else env.master_addr
     where = config.init_method or f"tcp://{host}:{env.master_port}"
     try:

@@ -14,6 +14,7 @@ from communicator.config import CommConfig
 from communicator.errors import ConfigError
 from communicator.factory import decide
 from communicator.launchers import describe_environment
+from communicator.launchers.network import describe_network
 
 __all__ = ["add_arguments", "explain", "run"]
 
@@ -38,6 +39,7 @@ def explain(config: CommConfig) -> list[str]:
                 f"  rank {env.rank} of {env.world_size}, local rank {env.local_rank} of {env.local_size}, "
                 f"node {env.node_rank} of {env.num_nodes}, master {env.master_addr}:{env.master_port}"
             )
+            lines.append(f"  network: {describe_network(env, config.init_method)}")
         lines.append(f"backend: {decision.backend} (configured {config.backend!r})")
     lines.append("launchers:")
     lines.extend(f"  {line}" for line in describe_environment())

@@ -1,0 +1,103 @@
+"""Failure signalling that reaches every rank: subgroups, rank-0-first blocks, threads and debug
+fingerprints of any size, on real gloo ranks."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from communicator import CommError, Communicator, RemoteError
+from communicator.testing import run_ranks
+
+# Long enough that only the failure signalling can end the waits in these tests.
+PATIENT = {"timeout": 120}
+
+
+def failure_on_the_root_while_a_pair_waits(comm: Communicator) -> str:
+    pair = comm.split(color=comm.rank // 2)
+    try:
+        with comm.fail_together("evaluation"):
+            if comm.rank == 1:
+                raise ValueError("bad batch")
+            pair.all_reduce(torch.ones(1))  # rank 0 waits here for rank 1, which has failed
+            comm.barrier()
+    except RemoteError as error:
+        return f"RemoteError naming {error.ranks}"
+    return "no error"
+
+
+def test_a_failure_posted_on_the_world_releases_ranks_waiting_in_a_subgroup() -> None:
+    results = run_ranks(failure_on_the_root_while_a_pair_waits, 4, cfg=PATIENT, timeout=60)
+    assert all(result == "RemoteError naming (1,)" for result in results), results
+
+
+def main_first_raises(comm: Communicator) -> str:
+    try:
+        with comm.main_process_first():
+            if comm.rank == 0:
+                raise OSError("download failed")
+            ran = "ran the block"
+    except OSError:
+        return "own error"
+    except RemoteError as error:
+        return f"RemoteError {error.error_type}"
+    return ran
+
+
+def test_main_process_first_does_not_run_the_others_after_rank_zero_failed() -> None:
+    assert run_ranks(main_first_raises, 3, cfg=PATIENT, timeout=60) == ["own error"] + ["RemoteError OSError"] * 2
+
+
+def main_first_outlasts_the_timeout(comm: Communicator) -> list[int]:
+    order = []
+    with comm.main_process_first():
+        if comm.rank == 0:
+            time.sleep(5)  # longer than the collective timeout
+        order.append(comm.rank)
+    return order + comm.all_gather_object(comm.rank)
+
+
+def test_main_process_first_waits_beyond_the_collective_timeout() -> None:
+    results = run_ranks(main_first_outlasts_the_timeout, 3, cfg={"timeout": 2}, timeout=60)
+    assert results == [[rank, 0, 1, 2] for rank in range(3)]
+
+
+def two_threads(comm: Communicator) -> tuple[int, int]:
+    refused, done = [], []
+
+    def work() -> None:
+        for _ in range(50):
+            try:
+                assert comm.all_gather_object(comm.rank) == list(range(comm.world_size))
+                done.append(1)
+            except CommError as error:
+                assert "in another thread" in str(error)
+                refused.append(1)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return len(done), len(refused)
+
+
+def test_a_second_thread_is_refused_and_never_mixes_data() -> None:
+    # Each refused call is refused before it communicates: the calls that ran all returned every
+    # rank's value in order, whatever the interleaving of the threads.
+    for done, refused in run_ranks(two_threads, 2, cfg=PATIENT, timeout=120):
+        assert done + refused == 100 and done >= 1
+
+
+def wide_dict_in_debug_mode(comm: Communicator) -> int:
+    data = {f"metric/{k:03d}": torch.tensor(float(k)) for k in range(120)}
+    reduced = comm.all_reduce_dict(data, op="mean")
+    assert all(reduced[key].item() == pytest.approx(value.item()) for key, value in data.items())
+    return len(reduced)
+
+
+def test_debug_fingerprints_of_any_size_compare_equal() -> None:
+    assert run_ranks(wide_dict_in_debug_mode, 2, cfg={"debug": True}, timeout=60) == [120, 120]
