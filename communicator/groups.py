@@ -10,6 +10,7 @@ other ranks of the job never call its ``split``), so its parts are created by th
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -78,6 +79,13 @@ class Groups:
         if key not in self._made:
             self._made[key] = (group, named_group(world_ranks, self._timeout, "gloo", f"{name}cpu"))
         return self._made[key]
+
+    def keep_alive(self, *others: dist.ProcessGroup) -> None:
+        """Never free the groups created here, nor ``others``: after an abandoned operation a gloo
+        worker thread stays blocked in it (gloo's ``abort()`` does not release it), and a group's
+        destructor joins that thread, holding the exiting process until the timeout."""
+        for group in [g for pair in self._made.values() for g in pair] + list(others):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
 
     def destroy(self) -> None:
         """Destroy the groups created here (not the default group), e.g. when an adopted world closes."""

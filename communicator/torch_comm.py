@@ -388,6 +388,8 @@ class TorchComm(Communicator):
             self._scope.watcher.forget(self._board.name)
             if self._scope.parent is None:
                 self._scope.watcher.stop()
+            if failed:  # its operations may never finish: their groups must outlive the process
+                self._scope.groups.keep_alive(self._group, self._scope.companion)
             if self._owned is not None and dist.is_initialized():
                 linger = LINGER_SECONDS if failed or Communicator._exiting else self._limit
                 self._board.depart(self._rank, self._owned.hosts_store, linger)

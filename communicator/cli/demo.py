@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", "-n", type=int, default=4, help="number of local ranks (default 4)")
     parser.add_argument("--samples", type=int, default=20_000, help="data set size (default 20000)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds before the ranks are stopped")
+    parser.add_argument(
+        "--stats", action="store_true", help="print rank 0's statistics of every operation (comm.stats())"
+    )
 
 
 def _data(samples: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -103,6 +106,7 @@ def evaluate(comm: Communicator, samples: int) -> dict[str, Any]:
         },
         "half": (half_id, half_seen),
         "timings": timings,
+        "stats": comm.stats().table(),
     }
 
 
@@ -171,7 +175,7 @@ def compare(results: list[dict[str, Any]], reference: dict[str, Any], samples: i
 def run(args: argparse.Namespace) -> int:
     print(f"communicator demo: evaluating {args.samples} samples on {args.world_size} local gloo ranks")
     begin = time.perf_counter()
-    results = launch(evaluate, args.world_size, None, (args.samples,), timeout=args.timeout)
+    results = launch(evaluate, args.world_size, {"stats": args.stats}, (args.samples,), timeout=args.timeout)
     distributed_seconds = time.perf_counter() - begin
     begin = time.perf_counter()
     reference = run_single(evaluate, args.samples)
@@ -183,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n{'stage':<{width}}  rank 0 time")
     for name, seconds in ours["timings"].items():
         print(f"{name:<{width}}  {seconds * 1000:8.1f} ms")
+    if args.stats:
+        print(f"\nrank 0's operations (comm.stats())\n{ours['stats']}")
     print(f"\naccuracy {ours['metrics']['correct'] / args.samples:.4f} on {args.samples} samples")
     print(
         f"wall time: {distributed_seconds:.2f} s on {args.world_size} ranks (start-up included), "

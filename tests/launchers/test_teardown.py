@@ -1,4 +1,5 @@
-"""Short jobs under torchrun end cleanly: every rank exits 0, none aborts while the interpreter shuts down.
+"""Short jobs under torchrun end cleanly: every rank exits 0, none aborts while the interpreter shuts down;
+a job whose ranks fail ends at once.
 
 A communicator left open when the process ends is closed before the interpreter finalises (torch's
 groups and stores torn down during finalisation can abort a rank with "terminate called without
@@ -17,15 +18,16 @@ from communicator.launchers.local import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SHORT_JOB = REPO / "tests" / "launcher_scripts" / "short_job.py"
+MISMATCH_JOB = REPO / "tests" / "launcher_scripts" / "mismatch_job.py"
 JOBS = 5  # per style: a race seen once in tens of runs needs many runs to show
 
 
-def _torchrun(*arguments: str) -> tuple[int, str]:
+def _torchrun(*arguments: str, job: Path = SHORT_JOB) -> tuple[int, str]:
     import subprocess
 
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=3",
-        "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(SHORT_JOB), *arguments,
+        "--master-addr=127.0.0.1", f"--master-port={free_port()}", str(job), *arguments,
     ]  # fmt: skip
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_"))}
     environ.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
@@ -45,3 +47,12 @@ def test_create_and_close_five_times_in_one_job() -> None:
     code, output = _torchrun("--cycles", "5")
     assert code == 0, output[-3000:]
     assert "ok on 3 ranks" in output
+
+
+def test_a_job_whose_ranks_hit_a_mismatch_ends_long_before_its_timeout() -> None:
+    # Operations abandoned in gloo block its worker threads until gloo's own timeout (600 s here),
+    # and a group's destructor would wait for them: the job must end anyway, every rank raising.
+    code, output = _torchrun(job=MISMATCH_JOB)
+    assert code != 0 and "terminate called" not in output, output[-3000:]
+    for rank in range(3):
+        assert f"rank {rank}: CollectiveMismatchError: ranks are in different collectives" in output, output[-3000:]

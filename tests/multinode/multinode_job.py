@@ -32,7 +32,6 @@ import faulthandler
 import os
 import socket
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -165,18 +164,6 @@ def objects(comm: Communicator, check: Checker, hosts: list[str]) -> None:
     check.expect("collect_results", comm.collect_results(part, size=size), dataset if rank == 0 else None)
 
 
-def let_gloo_threads_finish() -> None:
-    """Give gloo's worker threads the GIL before the interpreter exits.
-
-    The closing barrier's work is destroyed on gloo's worker thread after ``wait()`` returned here;
-    destroying it drops tensors, which needs the GIL. When the interpreter is already finalizing,
-    that thread is made to exit inside a destructor and the process aborts ("terminate called without
-    an active exception", SIGABRT), a few percent of runs under any launcher, on one host too. A
-    short sleep releases the GIL so the thread finishes first.
-    """
-    time.sleep(0.2)
-
-
 def report(line: str) -> None:
     """One write per line: launchers that merge the ranks' output keep each line whole."""
     sys.stdout.write(line + "\n")
@@ -209,7 +196,6 @@ def main() -> int:
             step(comm, check, hosts)
         if rank == 0:
             report("DESCRIBE " + comm.describe().replace("\n", " | "))
-    let_gloo_threads_finish()
     check.expect("GLOO_SOCKET_IFNAME after the block", os.environ.get("GLOO_SOCKET_IFNAME"), before)
     if world < 2 or len(set(hosts)) < 2:
         check.problems.append(f"the job does not span hosts: {hosts}")

@@ -1,8 +1,7 @@
 """Multi-node jobs for real: two hosts on a network, under torchrun, Open MPI's mpirun, srun and sbatch.
 
 Each job runs ``multinode_job.py`` (the layout against the real hosts, subgroups, every tensor and
-object collective across the hosts) or ``communicator check`` (``check_command.py``) on 2 hosts x
-2 ranks. The hosts'
+object collective across the hosts) or ``python -m communicator check`` on 2 hosts x 2 ranks. The hosts'
 ``/etc/hosts`` map their own names to 127.0.1.1 as stock Debian does, so gloo's default interface
 is loopback: every job passes only because the library picks the interface (``ifname=eth0``).
 Every run is bounded (``RUN_TIMEOUT``) and reports the output of every command when it fails.
@@ -168,7 +167,7 @@ def test_torchrun_two_nodes(network: Network) -> None:
 
 
 def test_check_under_torchrun(network: Network) -> None:
-    finished = run_on(network, torchrun(network, [str(CHECK)]), clean_environ(), RUN_TIMEOUT)
+    finished = run_on(network, torchrun(network, CHECK), clean_environ(), RUN_TIMEOUT)
     assert_check_passed(finished, "pytorch", 4)
 
 
@@ -196,7 +195,7 @@ def test_openmpi_round_robin_placement(network: Network) -> None:
 
 
 def test_check_under_openmpi(network: Network) -> None:
-    finished = run_on(network, mpirun(network, [str(CHECK)]), clean_environ(OPENMPI_SETTINGS), RUN_TIMEOUT)
+    finished = run_on(network, mpirun(network, CHECK), clean_environ(OPENMPI_SETTINGS), RUN_TIMEOUT)
     assert_check_passed(finished, "openmpi", 4)
 
 
@@ -246,7 +245,7 @@ def test_info_says_what_each_node_derives(network: Network, slurm: SlurmCluster)
     finished = run_on(network, command, slurm.environ(clean_environ()), RUN_TIMEOUT)
     text = report(finished)
     assert finished[0].returncode == 0, text
-    decisions = sorted(re.findall(r"^decision: TorchComm owning a new group; slurm: (rank \d) of 2, .*$", text, re.M))
+    decisions = sorted(re.findall(r"^decision: TorchComm: slurm: (rank \d) of 2, .*$", text, re.M))
     assert decisions == ["rank 0", "rank 1"], text
     assert re.search(r"node 1 of 2, master mnode01:\d+ \(host: first host of SLURM_STEP_NODELIST;", text), text
     networks = re.findall(r"^  network: (.*)$", text, flags=re.MULTILINE)
@@ -254,9 +253,7 @@ def test_info_says_what_each_node_derives(network: Network, slurm: SlurmCluster)
 
 
 def test_check_under_srun(network: Network, slurm: SlurmCluster) -> None:
-    command = [
-        (slurm.head, ["srun", "-N2", "-n4", "--ntasks-per-node=2", sys.executable, "-m", "communicator", "check"])
-    ]
+    command = [(slurm.head, ["srun", "-N2", "-n4", "--ntasks-per-node=2", sys.executable, *CHECK])]
     finished = run_on(network, command, slurm.environ(clean_environ()), RUN_TIMEOUT)
     assert_check_passed(finished, "slurm", 4)
 

@@ -149,7 +149,7 @@ def test_a_name_resolving_to_loopback() -> None:
     check_master("node01", ["127.0.1.1"], hosts=1, node_rank=1)
 
 
-@pytest.mark.parametrize("host", ["no such host", "a..b"])
+@pytest.mark.parametrize("host", ["no-such-host.invalid", "a..b"])
 def test_an_unresolvable_master_is_a_config_error(host: str) -> None:
     with pytest.raises(ConfigError, match="does not resolve"):
         resolve(host)
