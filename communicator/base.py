@@ -491,27 +491,45 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         return self._complete([work], finish, async_op)
 
     @overload
-    def all_gather(self, tensor: Tensor, async_op: Literal[False] = ...) -> list[Tensor]: ...
+    def all_gather(self, tensor: Tensor, async_op: Literal[False] = ..., *, same_shape: bool = ...) -> list[Tensor]: ...
     @overload
-    def all_gather(self, tensor: Tensor, *, async_op: Literal[True]) -> Handle[list[Tensor]]: ...
+    def all_gather(
+        self, tensor: Tensor, *, async_op: Literal[True], same_shape: bool = ...
+    ) -> Handle[list[Tensor]]: ...
     @overload
-    def all_gather(self, tensor: Tensor, async_op: bool) -> list[Tensor] | Handle[list[Tensor]]: ...
-    @collective("tensor:dtype")
-    def all_gather(self, tensor: Tensor, async_op: bool = False) -> list[Tensor] | Handle[list[Tensor]]:
+    def all_gather(
+        self, tensor: Tensor, async_op: bool, *, same_shape: bool = ...
+    ) -> list[Tensor] | Handle[list[Tensor]]: ...
+    @collective("tensor:dtype", "same_shape")
+    def all_gather(
+        self, tensor: Tensor, async_op: bool = False, *, same_shape: bool = False
+    ) -> list[Tensor] | Handle[list[Tensor]]:
         """Every rank's tensor, in rank order; shapes may differ (same ndim and dtype).
 
         Small CPU tensors travel inside the one record every rank sends first; larger ones follow
-        in one more collective (equal shapes) or point to point.
+        in one more collective (equal shapes) or point to point. ``same_shape=True`` says that
+        every rank passes the same shape: one collective, as ``torch.distributed.all_gather``,
+        without the records (debug mode checks the promise; a broken one fails in the backend).
 
         Example:
             ```python
             # rank 0: tensor([1])               rank 1: tensor([2, 3])
             comm.all_gather(t)                  # both: [tensor([1]), tensor([2, 3])]
+            # rank 0: tensor([1])               rank 1: tensor([2])
+            comm.all_gather(t, same_shape=True) # both: [tensor([1]), tensor([2])]
             # one process: [a copy of t]
             ```
         """
         source = self._stage(check_tensor("tensor", tensor))
+        if same_shape and not self.config.debug:
+            outputs = [torch.empty_like(source) for _ in range(self.world_size)]
+            outputs[self.rank].copy_(source)
+            self._calls.count(source.nbytes, source.nbytes * (self.world_size - 1), source.nbytes * self.world_size)
+            works = [self._launch(self._all_gather, outputs, source)] if self.world_size > 1 else []
+            return self._complete(works, lambda: outputs, async_op)
         metas = self._metas(shapes.describe(source))
+        if same_shape:
+            shapes.same_shape(metas, "all_gather")
         outputs = shapes.outputs(metas, source, self.rank, self.device)
         waiting = {r: outputs[r] for r, m in enumerate(metas) if m.data is None and r != self.rank}
         mine_inline = metas[self.rank].data is not None

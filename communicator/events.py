@@ -7,11 +7,11 @@ knows (bytes, serialisation and wait time). Hooks and statistics read the same e
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import socket
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -52,19 +52,31 @@ class Event:
     ``serialize``, ``deserialize`` (seconds), ``sent``, ``received``, ``size`` (bytes).
     """
 
-    __slots__ = (*_FIELDS[:8], "_clock", "_frame", "_site", *_FIELDS[10:])
+    __slots__ = ("_clock", "_frame", "_home", "_site", "deserialize", "dtypes", "duration", "error", "op", "p2p",
+                 "received", "sent", "seq", "serialize", "shapes", "size", "state", "wait")  # fmt: skip
 
-    def __init__(self, op: str, seq: int, group: str, rank: int, world: int, p2p: bool, frame: Any) -> None:
-        self.op, self.seq, self.group, self.rank, self.world, self.p2p = op, seq, group, rank, world, p2p
+    def __init__(self, op: str, p2p: bool, seq: int, home: tuple[str, int, int], frame: Any) -> None:
+        self.op, self.p2p, self.seq, self._home, self._frame = op, p2p, seq, home, frame  # the frame: while it runs
         self.shapes: tuple[torch.Size, ...] = ()
         self.dtypes: tuple[torch.dtype, ...] = ()
         self.state = "running"
         self.error: str | None = None
         self.duration = self.wait = self.serialize = self.deserialize = 0.0
         self.sent = self.received = self.size = 0
-        self._frame = frame  # the caller's, while the operation runs
         self._site: tuple[str, int] | None = None
         self._clock = time.perf_counter()
+
+    @property
+    def group(self) -> str:
+        return self._home[0]
+
+    @property
+    def rank(self) -> int:
+        return self._home[1]
+
+    @property
+    def world(self) -> int:
+        return self._home[2]
 
     @property
     def site(self) -> str:
@@ -83,16 +95,16 @@ class Event:
         return now - self._clock if self.state == "running" else now - self._clock - self.duration
 
     def finish(self, error: BaseException | None) -> None:
+        """Record the end (and ``error``); keep the call's site and drop the caller's frame."""
         self.duration = time.perf_counter() - self._clock
+        frame, self._frame = self._frame, None
+        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):  # as locate(), inlined
+            frame = frame.f_back
+        self._site = None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
         if error is None:
             self.state = "done"
         else:
             self.state, self.error = "failed", f"{type(error).__name__}: {error}".splitlines()[0][:300].rstrip(":")
-
-    def release(self) -> None:
-        """Keep the call's site and drop the caller's frame (the operation has returned)."""
-        frame, self._frame = self._frame, None
-        self._site = locate(frame)
 
     def describe_sizes(self) -> str:
         """The tensor arguments as ``dtype[shape]``, e.g. ``float32[1024, 3]``."""
@@ -111,27 +123,14 @@ class Event:
         return f"<Event #{self.seq} {self.op} {self.state} on rank {self.rank} of {self.group}>"
 
 
-class FlightRecorder:
-    """The last ``capacity`` events of one communicator, oldest first."""
-
-    def __init__(self, capacity: int) -> None:
-        self._ring: list[Event | None] = [None] * capacity
-        self._capacity = capacity
-        self._next = 0
-
-    def add(self, event: Event) -> None:
-        self._ring[self._next % self._capacity] = event
-        self._next += 1
-
-    def __iter__(self) -> Iterator[Event]:
-        count = min(self._next, len(self._ring))
-        for index in range(self._next - count, self._next):
-            event = self._ring[index % len(self._ring)]
-            if event is not None:
-                yield event
+class FlightRecorder(collections.deque[Event]):
+    """The last ``maxlen`` events of one communicator, oldest first (``append`` is deque's own, in C)."""
 
     def last(self) -> Event | None:
-        return self._ring[(self._next - 1) % len(self._ring)] if self._next else None
+        try:
+            return self[-1]
+        except IndexError:
+            return None
 
     def dump(self, directory: str, name: str, world_rank: int, extra: dict[str, Any]) -> str:
         """Write the events to ``directory/<name>-rank<world_rank>.json``; the file's path."""
@@ -144,7 +143,7 @@ class FlightRecorder:
             "pid": os.getpid(),
             "dumped": time.time(),
             **extra,
-            "events": [event.as_dict() for event in self],
+            "events": [event.as_dict() for event in list(self)],
         }
         temporary = f"{path}.{os.getpid()}.tmp"
         with open(temporary, "w") as out:

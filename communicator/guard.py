@@ -27,7 +27,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import torch
 
@@ -64,7 +64,16 @@ class Hook(NamedTuple):
     post: Callable[[Event], None] | None
 
 
-def _open_ranges(name: str, event: Event, tensors: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
+def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any], payload: tuple[int, str] | None) -> list[torch.Tensor]:
+    if payload is None:
+        return []
+    value = args[payload[0]] if len(args) > payload[0] else kwargs.get(payload[1])
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return [t for t in value if isinstance(t, torch.Tensor)] if isinstance(value, (list, tuple)) else []
+
+
+def _open_ranges(name: str, event: Event, tensors: list[torch.Tensor]) -> tuple[Any, ...]:
     """A profiler range named ``name`` over the call; its inputs are the tensors, so that a trace
     recorded with ``record_shapes=True`` shows their dims and types like any torch op's. Inside
     it, when there are tensors, a range whose name says their sizes (``communicator.all_reduce
@@ -92,8 +101,9 @@ def _run(hooks: list[Hook], stage: str, event: Event) -> None:
 class CallState:
     """What the guard keeps for one communicator."""
 
-    __slots__ = ("busy", "event", "group", "hooks", "launched", "op", "ranges", "rank", "recorder", "refusal",
-                 "seq", "sinks", "thread", "up", "world")  # fmt: skip
+    observers: ClassVar[int] = 0  # hooks and statistics being gathered, in the whole process
+    __slots__ = ("busy", "event", "group", "home", "hooks", "launched", "op", "ranges", "recorder", "refusal",
+                 "seq", "sinks", "thread", "up")  # fmt: skip
 
     def __init__(self, events: int = 256) -> None:
         self.busy = threading.Lock()  # held while an operation runs
@@ -103,43 +113,43 @@ class CallState:
         self.launched = False  # whether the running operation has started communicating
         self.refusal: Callable[[str], CommError] | None = None  # why operations are refused, when they are
         self.event: Event | None = None  # the running operation's
-        self.recorder = FlightRecorder(events)
+        self.recorder = FlightRecorder(maxlen=events)
         self.group = "world"  # the communicator's name in events: "world", or its world ranks
         self.sinks: list[Statistics] = []  # statistics being gathered (the configuration's, open profiles)
         self.hooks: list[Hook] = []
         self.up: CallState | None = None  # the parent communicator's: its statistics and hooks see ours too
         self.ranges: tuple[Any, ...] = ()  # the profiler ranges of the running operation
-        self.rank = self.world = 0  # the communicator's, once an operation has asked
+        self.home: tuple[str, int, int] = ("", 0, 0)  # its (group, rank, size), once an operation has asked
 
     def start(self, spec: Spec, comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Event:
-        if not self.world:  # a communicator's rank and size never change: asked once
-            self.rank, self.world = comm.rank, comm.world_size
-        event = Event(spec.name, self.seq, self.group, self.rank, self.world, spec.p2p, sys._getframe(2))
-        tensors: tuple[torch.Tensor, ...] = ()
-        if spec.payload is not None:
-            index, name = spec.payload
-            value = args[index] if len(args) > index else kwargs.get(name)
+        if not self.home[2]:  # a communicator's name, rank and size never change: asked once
+            self.home = (self.group, comm.rank, comm.world_size)
+        event = Event(spec.name, spec.p2p, self.seq, self.home, sys._getframe(2))  # the guard's caller
+        payload = spec.payload
+        if payload is not None:
+            value = args[payload[0]] if len(args) > payload[0] else kwargs.get(payload[1])
             if isinstance(value, torch.Tensor):  # the common case, kept cheap
-                tensors, event.shapes, event.dtypes = (value,), (value.shape,), (value.dtype,)
+                event.shapes, event.dtypes = (value.shape,), (value.dtype,)
             elif isinstance(value, (list, tuple)):
-                tensors = tuple([t for t in value if isinstance(t, torch.Tensor)])
+                tensors = [t for t in value if isinstance(t, torch.Tensor)]
                 event.shapes, event.dtypes = tuple([t.shape for t in tensors]), tuple([t.dtype for t in tensors])
         self.event = event
-        self.recorder.add(event)
+        self.recorder.append(event)
         if _profiling():
-            self.ranges = _open_ranges(f"communicator.{spec.name}", event, tensors)
-        state: CallState | None = self
-        while state is not None:
-            if state.hooks:
-                _run(state.hooks, "pre", event)
-            state = state.up
+            self.ranges = _open_ranges(f"communicator.{spec.name}", event, _tensors(args, kwargs, payload))
+        if CallState.observers:  # any hook or statistics anywhere: see whether they are ours
+            state: CallState | None = self
+            while state is not None:
+                if state.hooks:
+                    _run(state.hooks, "pre", event)
+                state = state.up
         return event
 
     def count(self, sent: int, received: int, size: int) -> None:
         """Add bytes to the running operation's event (``size``: see :mod:`communicator.stats`)."""
         event = self.event
         if event is not None:
-            if event.world > 1:  # in a world of one, nothing moves
+            if self.home[2] > 1:  # in a world of one, nothing moves
                 event.sent += sent
                 event.received += received
             event.size += size
@@ -151,14 +161,14 @@ class CallState:
             for handle in reversed(self.ranges):
                 _exit_range(handle)
             self.ranges = ()
-        state: CallState | None = self
-        while state is not None:
-            for sink in state.sinks:
-                sink.add(event)
-            if state.hooks:
-                _run(state.hooks, "post", event)
-            state = state.up
-        event.release()
+        if CallState.observers:
+            state: CallState | None = self
+            while state is not None:
+                for sink in state.sinks:
+                    sink.add(event)
+                if state.hooks:
+                    _run(state.hooks, "post", event)
+                state = state.up
 
 
 def collective(*match: str, p2p: bool = False, name: str | None = None) -> Callable[[F], F]:

@@ -51,6 +51,7 @@ class HookHandle:
     def remove(self) -> None:
         if self._hook in self._hooks:
             self._hooks.remove(self._hook)
+            CallState.observers -= 1
 
 
 class Profile:
@@ -73,6 +74,7 @@ class Observation:
             return None
         stats = Statistics()
         self._calls.sinks.append(stats)
+        CallState.observers += 1  # for the communicator's life
         return stats
 
     def stats(self: Observed) -> Statistics:
@@ -104,10 +106,12 @@ class Observation:
         """
         profile = Profile()
         self._calls.sinks.append(profile.stats)
+        CallState.observers += 1
         try:
             yield profile
         finally:
             self._calls.sinks.remove(profile.stats)
+            CallState.observers -= 1
 
     def add_hook(
         self: Observed, pre: Callable[[Event], None] | None = None, post: Callable[[Event], None] | None = None
@@ -133,6 +137,7 @@ class Observation:
                 raise TypeError(f"add_hook: {name} must be callable, got {type(call).__name__}")
         hook = Hook(pre, post)
         self._calls.hooks.append(hook)
+        CallState.observers += 1
         return HookHandle(self._calls.hooks, hook)
 
     def events(self: Observed) -> list[Event]:

@@ -97,6 +97,13 @@ def agree(metas: Sequence[Meta], what: str) -> None:
         raise TypeError(f"{what}: unsupported tensor dtype (supported: {', '.join(map(str, WIRE_DTYPES))})")
 
 
+def same_shape(metas: Sequence[Meta], what: str) -> None:
+    """Every rank raises the same error when ranks that promised one shape passed different ones."""
+    if any(m.shape != metas[0].shape for m in metas):
+        sides = {r: f"{what}(shape {m.shape}, same_shape=True)" for r, m in enumerate(metas)}
+        raise CollectiveMismatchError(sides, f"{what}: same_shape=True, but the ranks passed different shapes")
+
+
 def outputs(metas: Sequence[Meta], source: torch.Tensor | None, rank: int, device: torch.device) -> list[torch.Tensor]:
     """A tensor for each record: inline ones filled, ``rank``'s a copy of ``source``, the others empty."""
     made = []

@@ -45,6 +45,16 @@ _TORCH_OPS = {
 }
 
 
+def _all_reduce_options(op: dist.ReduceOp.RedOpType) -> dist.AllreduceOptions:
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp(op)
+    return options
+
+
+_ALL_REDUCE = {name: _all_reduce_options(op) for name, op in _TORCH_OPS.items()}
+_BARRIER = dist.BarrierOptions()
+
+
 def _started(work: Any) -> Work:
     """A torch work object (typed ``Any`` by torch) as the ``Work`` it is."""
     return work  # type: ignore[no-any-return]
@@ -212,16 +222,20 @@ class TorchComm(Communicator):
 
     # -- primitives: torch calls -----------------------------------------------------------------
 
+    # The hot primitives call the process group's own methods: torch's module-level wrappers check
+    # again what the base class has checked, and cost more than a small collective's margin.
+
     @override
     def _barrier(self) -> Work:
-        return _started(dist.barrier(group=self._scope.companion, async_op=True))
+        return _started(self._scope.companion.barrier(_BARRIER))
 
     @override
     def _all_reduce(self, tensor: torch.Tensor, op: str) -> Work:
-        if self._backend != "gloo":
-            return _started(dist.all_reduce(tensor, op=_TORCH_OPS[op], group=self._group, async_op=True))
-        carried, back = wire.for_reduction(tensor, op)
-        work = dist.all_reduce(carried, op=_TORCH_OPS[op], group=self._group, async_op=True)
+        if self._backend == "gloo":
+            carried, back = wire.for_reduction(tensor, op)
+        else:
+            carried, back = (torch.view_as_real(tensor) if tensor.is_complex() else tensor), None
+        work = self._group.allreduce([carried], _ALL_REDUCE[op])
         return work if back is None else wire.Converted(work, back)
 
     @override
@@ -244,8 +258,9 @@ class TorchComm(Communicator):
 
     @override
     def _broadcast(self, tensor: torch.Tensor, src: int) -> Work:
-        carried = wire.as_bytes(tensor) if self._backend == "gloo" else tensor
-        return _started(dist.broadcast(carried, group=self._group, group_src=self._group_rank_of[src], async_op=True))
+        options = dist.BroadcastOptions()
+        options.rootRank, options.rootTensor = self._group_rank_of[src], 0
+        return _started(self._group.broadcast([self._carry(tensor)], options))
 
     @override
     def _all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> Work:
@@ -253,10 +268,12 @@ class TorchComm(Communicator):
             others = [r for r in range(self.world_size) if r != self._rank]
             works = [self._irecv(outputs[r], r, TRANSFER_TAG) for r in others]
             return _Together(works + [self._isend(tensor, r, TRANSFER_TAG) for r in others])
-        ordered = [outputs[self._local_of_group[g]] for g in range(self.world_size)]
-        if self._backend == "gloo":
-            ordered, tensor = [wire.as_bytes(t) for t in ordered], wire.as_bytes(tensor)
-        return _started(dist.all_gather(ordered, tensor, group=self._group, async_op=True))
+        ordered = [self._carry(outputs[self._local_of_group[g]]) for g in range(self.world_size)]
+        return _started(self._group.allgather([ordered], [self._carry(tensor)]))
+
+    def _carry(self, tensor: torch.Tensor) -> torch.Tensor:
+        """What moves ``tensor``'s data: itself, or its bytes when the backend refuses its dtype."""
+        return wire.as_bytes(tensor) if self._backend == "gloo" or tensor.is_complex() else tensor
 
     @override
     def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:

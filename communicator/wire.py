@@ -1,7 +1,8 @@
 """What gloo cannot carry natively, and how every dtype travels anyway, exactly.
 
 gloo (torch 2.x) refuses int16, uint16, uint32, uint64 and the float8 types in every collective
-("Invalid scalar type"); point-to-point transfers carry any dtype. Moving data needs no arithmetic, so
+("Invalid scalar type"), and no backend takes complex tensors; point-to-point transfers carry any
+dtype. A complex tensor is summed as its real view. Moving data needs no arithmetic, so
 those tensors move as their bytes. A reduction is done in a wider type that gives the same
 result: int16 and uint16 in int32, uint32 in int64, float8 in float32 (then rounded once), and
 uint64 in int64, which adds and multiplies the same bits; for its min and max the top bit is
@@ -33,9 +34,9 @@ _SIGN = -(2**63)  # int64 with only the top bit set
 
 
 def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` itself, or a flat uint8 view of its memory when gloo refuses its dtype
-    (``tensor`` is contiguous: the view shares its storage, so writes land in it)."""
-    if tensor.dtype in UNSUPPORTED:
+    """``tensor`` itself, or a flat uint8 view of its memory when gloo refuses its dtype or it is
+    complex (``tensor`` is contiguous: the view shares its storage, so writes land in it)."""
+    if tensor.dtype in UNSUPPORTED or tensor.is_complex():
         return tensor.reshape(-1).view(torch.uint8)
     return tensor
 
@@ -65,6 +66,8 @@ def _nothing() -> None:
 def for_reduction(tensor: torch.Tensor, op: str) -> tuple[torch.Tensor, Callable[[], None] | None]:
     """The tensor gloo reduces in place of ``tensor`` (``op`` applied to it gives ``tensor``'s
     result), and what turns that result into ``tensor``'s (``None``: it already is)."""
+    if tensor.is_complex():  # a complex sum is the sum of the real and imaginary parts
+        return torch.view_as_real(tensor), None
     if tensor.dtype not in UNSUPPORTED:
         return tensor, None
     if tensor.dtype == torch.uint64:

@@ -146,6 +146,34 @@ def test_all_gather_and_gather_accept_uneven_shapes(run) -> None:
     assert all(run(gathers))
 
 
+def gathers_of_one_shape(comm: Communicator) -> bool:
+    rank, world = comm.rank, comm.world_size
+    for dtype in (torch.float32, torch.int16, torch.complex64, torch.bool):
+        for shape in ((1,), (3, 2), (0,), (70_000,)):  # the last one goes point to point on gloo
+            got = comm.all_gather(torch.full(shape, rank + 1).to(dtype), same_shape=True)
+            assert [(t.dtype, tuple(t.shape)) for t in got] == [(dtype, shape)] * world
+            assert all(torch.equal(t, torch.full(shape, r + 1).to(dtype)) for r, t in enumerate(got))
+    handle = comm.all_gather(torch.tensor([rank]), async_op=True, same_shape=True)
+    assert [t.item() for t in handle.wait()] == list(range(world))
+    return True
+
+
+def test_all_gather_of_one_shape_is_one_collective(run) -> None:
+    assert all(run(gathers_of_one_shape))
+
+
+def broken_shape_promise(comm: Communicator) -> str:
+    with pytest.raises(CollectiveMismatchError) as caught:
+        comm.all_gather(torch.ones(comm.rank + 1), same_shape=True)
+    return str(caught.value)
+
+
+@pytest.mark.world_size(2, 3)
+def test_debug_mode_checks_the_same_shape_promise(run) -> None:
+    for message in run(broken_shape_promise, cfg={"debug": True, "launcher": "auto"}):
+        assert "same_shape=True, but the ranks passed different shapes" in message
+
+
 def mismatched_dtypes(comm: Communicator) -> str:
     dtype = torch.float32 if comm.rank == 0 else torch.int64
     try:

@@ -1,14 +1,17 @@
-"""``communicator bench``: object and tensor collectives against torch.distributed and mmengine.dist."""
+"""``communicator bench``: object and tensor collectives against torch.distributed and mmengine.dist,
+and the cost of one small call (the ``overhead`` case)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
 
 from communicator.bench.cases import CASE_NAMES
 from communicator.bench.measured import CaseRun, all_correct
+from communicator.bench.overhead import format_overhead, run_overhead
 from communicator.bench.payloads import FULL, QUICK
 from communicator.bench.record import to_json
 from communicator.bench.run import Plan, run_benchmark
@@ -18,6 +21,7 @@ from communicator.errors import CommError, RemoteError
 
 __all__ = ["add_arguments", "run"]
 
+OVERHEAD = "overhead"
 # The peers' 64 MiB calls take seconds each: three rounds keep a default run near five minutes on 2 cores.
 DEFAULT_REPEAT = 3
 QUICK_REPEAT = 2
@@ -46,11 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cases",
         nargs="+",
-        choices=CASE_NAMES,
-        default=list(CASE_NAMES),
+        choices=(*CASE_NAMES, OVERHEAD),
+        default=[*CASE_NAMES, OVERHEAD],
         metavar="CASE",
-        help=f"cases to run (default all: {' '.join(CASE_NAMES)})",
+        help=f"cases to run (default all: {' '.join(CASE_NAMES)} {OVERHEAD})",
     )
+    parser.add_argument("--rounds", type=_at_least(1), default=9, help="rounds of the overhead case (default 9)")
     parser.add_argument("--json", metavar="PATH", help="also write every median, raw time, check and target here")
     parser.add_argument("--quick", action="store_true", help="small payloads, 2 rounds, single calls: a smoke test")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped")
@@ -83,14 +88,28 @@ def run(args: argparse.Namespace) -> int:
     plan = Plan(
         args.world_size, repeat, cases, QUICK if args.quick else FULL, 0.0 if args.quick else MIN_SAMPLE_SECONDS
     )
+    record: dict[str, object] = {}
+    runs: list[CaseRun] = []
     try:
-        runs = run_benchmark(plan, args.timeout)
+        if cases:
+            runs = run_benchmark(plan, args.timeout)
+            print(f"world size {plan.world_size}, median of {plan.repeat} rounds, slowest rank per round")
+            _print_report(runs, args.quick)
+            record = to_json(plan, runs, args.quick)
+        if OVERHEAD in args.cases:
+            rounds = 3 if args.quick else args.rounds
+            rows, recording = run_overhead(args.world_size, rounds, args.timeout)
+            print(("\n" if cases else "") + format_overhead(rows, recording, args.world_size, rounds))
+            record[OVERHEAD] = {
+                "world_size": args.world_size,
+                "rounds": rounds,
+                "recording_us": recording,
+                "rows": [{**dataclasses.asdict(row), "ratio": row.ratio, "met": row.met} for row in rows],
+            }
     except CommError as error:
         print(f"communicator bench: the ranks failed: {_first_failure(error)}", file=sys.stderr)
         return 1
-    print(f"world size {plan.world_size}, median of {plan.repeat} rounds, slowest rank per round")
-    _print_report(runs, args.quick)
     if args.json:
         with open(args.json, "w") as out:
-            json.dump(to_json(plan, runs, args.quick), out, indent=1)
+            json.dump(record, out, indent=1)
     return 0 if all_correct(runs) else 1
