@@ -28,8 +28,8 @@ from communicator.spawn import launch
 
 __all__ = ["OverheadRow", "format_overhead", "run_overhead"]
 
-CALLS = 200  # calls per timed block
-WARMUP = 20
+CALLS = 50  # calls per timed block: short blocks, alternating often, share the machine's noise
+WARMUP = 50
 RECORDING_CALLS = 100_000
 
 
@@ -53,8 +53,6 @@ class OverheadRow:
 
 
 def _block(fn: Callable[[], Any]) -> float:
-    for _ in range(WARMUP):
-        fn()
     dist.barrier()
     start = time.perf_counter()
     for _ in range(CALLS):
@@ -65,6 +63,9 @@ def _block(fn: Callable[[], Any]) -> float:
 
 
 def _compare(rounds: int, theirs: Callable[[], Any], ours: Callable[[], Any]) -> tuple[float, float]:
+    for fn in (theirs, ours):
+        for _ in range(WARMUP):
+            fn()
     times: tuple[list[float], list[float]] = ([], [])
     for round_ in range(rounds):
         order = ((0, theirs), (1, ours)) if round_ % 2 == 0 else ((1, ours), (0, theirs))

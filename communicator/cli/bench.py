@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="CASE",
         help=f"cases to run (default all: {' '.join(CASE_NAMES)} {OVERHEAD})",
     )
-    parser.add_argument("--rounds", type=_at_least(1), default=9, help="rounds of the overhead case (default 9)")
+    parser.add_argument("--rounds", type=_at_least(1), default=41, help="rounds of the overhead case (default 41)")
     parser.add_argument("--json", metavar="PATH", help="also write every median, raw time, check and target here")
     parser.add_argument("--quick", action="store_true", help="small payloads, 2 rounds, single calls: a smoke test")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped")
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             _print_report(runs, args.quick)
             record = to_json(plan, runs, args.quick)
         if OVERHEAD in args.cases:
-            rounds = 3 if args.quick else args.rounds
+            rounds = 5 if args.quick else args.rounds
             rows, recording = run_overhead(args.world_size, rounds, args.timeout)
             print(("\n" if cases else "") + format_overhead(rows, recording, args.world_size, rounds))
             record[OVERHEAD] = {
