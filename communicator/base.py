@@ -411,7 +411,7 @@ class Communicator(Coordination, Splitting["Communicator"], abc.ABC):
         self._calls.launched = True
         if self._port is None:
             receive = self.device if self.device.type != "cpu" else None
-            self._port = protocol.Port(self._object_channel(), self._codec, receive)
+            self._port = protocol.Port(self._object_channel(), self._codec, receive, self.config.object_buffer_bytes)
         return self._port
 
     def _compare_fingerprints(self, op: str, arguments: Mapping[str, Any]) -> None:

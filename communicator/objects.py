@@ -2,10 +2,15 @@
 
 Every object collective starts with one fixed-size record per rank (:data:`RECORD_BYTES`). A
 record carries the encoded object inline when it fits, so a small object needs that one
-collective; or the length of its frame, whose exact bytes then go point to point (nothing is
-padded); or a failure report, so that a rank which cannot serialise releases every peer at once
-instead of leaving them waiting. The receiver raises the sender's failure as a
-:class:`~communicator.errors.RemoteError`.
+collective; or the length of its frame and the sender's chunk size, whose exact bytes then go
+point to point in chunks (nothing is padded, see :mod:`communicator.transfer`); or a failure
+report, so that a rank which cannot serialise releases every peer at once instead of leaving them
+waiting. The receiver raises the sender's failure as a :class:`~communicator.errors.RemoteError`.
+
+The point-to-point schedule keeps one transfer in and one out per rank at a time: a ring for
+``all_gather_object`` (each frame crosses each link once, forwarded from the receive buffer);
+every sender's chunks into ``gather_object``'s destination, one chunk per sender in flight; the
+source's chunks to every rank for ``broadcast_object``.
 
 The bytes travel on a :class:`Channel`: fixed-size records in collectives, exact-size payloads
 point to point. A communicator supplies its own (``Communicator._object_channel``);
@@ -16,17 +21,20 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
 
 from communicator.arguments import TRANSFER_TAG
+from communicator.config import DEFAULT_OBJECT_BUFFER_BYTES
 from communicator.errors import RemoteError, RemoteFailure
-from communicator.serialization import Codec, pack_frame, receive_device, unpack_frame
+from communicator.serialization import Codec, receive_device, unpack_frame
+from communicator.transfer import Moves, Outgoing, Pending, chunk_size, chunks_of, stream
 
 __all__ = [
+    "DEFAULT_BUFFER_BYTES",
     "RECORD_BYTES",
     "Channel",
     "Port",
@@ -47,7 +55,9 @@ __all__ = [
 T = TypeVar("T")
 
 RECORD_BYTES = 2048
-_HEAD = struct.Struct("<BxxxxxxxQ")  # kind, length
+#: The staging memory an object collective uses on top of the objects (``CommConfig.object_buffer_bytes``).
+DEFAULT_BUFFER_BYTES = DEFAULT_OBJECT_BUFFER_BYTES
+_HEAD = struct.Struct("<BxxxxxxxQQ")  # kind, length, the sender's chunk size
 INLINE_BYTES = RECORD_BYTES - _HEAD.size
 EMPTY, INLINE, LARGE, FAILED = 0, 1, 2, 3
 
@@ -76,6 +86,14 @@ class Channel(Protocol):
 
     def exchange(self, sends: Mapping[int, np.ndarray], recvs: Mapping[int, np.ndarray]) -> None:
         """Send ``sends[r]`` to rank ``r`` and fill ``recvs[r]`` from rank ``r``; every length is known."""
+        ...
+
+    def post(self, sends: Moves, recvs: Moves) -> Pending:
+        """Start the sends and receives of ``(peer, array)`` pairs; the returned function finishes them."""
+        ...
+
+    def settle(self) -> None:
+        """Drop every reference to the buffers of finished transfers."""
         ...
 
 
@@ -133,10 +151,17 @@ class PrimitiveChannel:
         return records[src]
 
     def exchange(self, sends: Mapping[int, np.ndarray], recvs: Mapping[int, np.ndarray]) -> None:
-        if sends or recvs:  # receives first, so no send waits for a receive that was never posted
-            works = [self._irecv(torch.from_numpy(a), r, TRANSFER_TAG) for r, a in recvs.items()]
-            works += [self._isend(torch.from_numpy(a), r, TRANSFER_TAG) for r, a in sends.items()]
-            self._wait(works)
+        if sends or recvs:
+            self.post(list(sends.items()), list(recvs.items()))()
+
+    def post(self, sends: Moves, recvs: Moves) -> Pending:
+        # receives first, so no send waits for a receive that was never posted
+        works = [self._irecv(torch.from_numpy(a), r, TRANSFER_TAG) for r, a in recvs]
+        works += [self._isend(torch.from_numpy(a), r, TRANSFER_TAG) for r, a in sends]
+        return lambda: self._wait(works)
+
+    def settle(self) -> None:
+        pass
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -145,10 +170,10 @@ class PrimitiveChannel:
 class Record:
     """A parsed record: what one rank announced."""
 
-    __slots__ = ("kind", "length", "raw")
+    __slots__ = ("chunk", "kind", "length", "raw")
 
     def __init__(self, raw: np.ndarray) -> None:
-        self.kind, self.length = _HEAD.unpack_from(raw.data, 0)
+        self.kind, self.length, self.chunk = _HEAD.unpack_from(raw.data, 0)
         self.raw = raw
 
     @property
@@ -158,6 +183,10 @@ class Record:
     @property
     def is_large(self) -> bool:
         return bool(self.kind == LARGE)
+
+    def incoming(self, frame: np.ndarray) -> Iterator[np.ndarray]:
+        """The chunks the sender of this record sends ``frame`` in."""
+        return chunks_of(frame, self.chunk)
 
     def failure(self) -> RemoteFailure | None:
         """The failure this record reports (naming the rank it came from), if it reports one."""
@@ -171,17 +200,17 @@ def empty_record() -> np.ndarray:
 def _record(kind: int, payload: np.ndarray | bytes) -> np.ndarray:
     out = np.zeros(RECORD_BYTES, dtype=np.uint8)
     data = np.frombuffer(payload, dtype=np.uint8) if isinstance(payload, bytes) else payload
-    _HEAD.pack_into(out.data, 0, kind, data.size)
+    _HEAD.pack_into(out.data, 0, kind, data.size, 0)
     out[_HEAD.size : _HEAD.size + data.size] = data
     return out
 
 
-def frame_record(frame: np.ndarray) -> np.ndarray:
-    """A record announcing ``frame``, inline when it fits."""
-    if frame.nbytes <= INLINE_BYTES:
-        return _record(INLINE, frame)
+def frame_record(length: int, chunk: int, inline: Callable[[], np.ndarray]) -> np.ndarray:
+    """A record announcing a frame of ``length`` bytes: inline (``inline()`` builds it) when it fits."""
+    if length <= INLINE_BYTES:
+        return _record(INLINE, inline())
     out = np.zeros(RECORD_BYTES, dtype=np.uint8)
-    _HEAD.pack_into(out.data, 0, LARGE, frame.nbytes)
+    _HEAD.pack_into(out.data, 0, LARGE, length, chunk)
     return out
 
 
@@ -211,14 +240,16 @@ class Port:
     channel: Channel
     codec: Codec
     device: torch.device | None  # where CUDA tensors inside received objects go (None: the CPU)
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES  # staging memory for sending (two chunks)
 
-    def encode(self, obj: Any, where: str) -> tuple[np.ndarray, np.ndarray, BaseException | None]:
+    def encode(self, obj: Any, where: str) -> tuple[Outgoing, np.ndarray, BaseException | None]:
         """(frame, record, error): a failing encoder becomes a failure record, not a hang."""
         try:
-            frame = pack_frame(self.codec.encode(obj))
+            frame = Outgoing(self.codec.encode(obj), chunk_size(self.buffer_bytes))
+            record = frame_record(frame.nbytes, frame.chunk, frame.build)
         except Exception as error:  # noqa: BLE001 - every encoding failure must reach the peers
             return _NOTHING, failure_record(RemoteFailure.of(self.channel.rank, error, where)), error
-        return frame, frame_record(frame), None
+        return frame, record, None
 
     def decode(self, data: memoryview, sender: int) -> Any:
         token = receive_device.set(self.device)
@@ -236,7 +267,7 @@ class Port:
         if not record.is_large:
             return self.decode(record.inline, sender)
         data = np.empty(record.length, dtype=np.uint8)
-        self.channel.exchange({}, {sender: data})
+        stream(self.channel, [], [(sender, record.incoming(data))])
         return self.decode(data.data, sender)
 
     def decode_all(self, records: Sequence[Record], frames: Mapping[int, np.ndarray], own: T) -> list[T]:
@@ -248,11 +279,32 @@ class Port:
         ]
 
 
-_NOTHING = np.empty(0, dtype=np.uint8)
+_NOTHING = Outgoing([memoryview(b"")], 64)
 
 
 def _large_frames(records: Sequence[Record], skip: int) -> dict[int, np.ndarray]:
     return {r: np.empty(rec.length, dtype=np.uint8) for r, rec in enumerate(records) if rec.is_large and r != skip}
+
+
+def _ring(
+    channel: Channel,
+    records: Sequence[Record],
+    own: Callable[[], Iterator[np.ndarray]],
+    frames: Mapping[int, np.ndarray],
+) -> None:
+    """Every large frame to every rank around a ring: at step ``s`` each rank passes on the frame
+    of rank ``rank - s`` (its own first, then what it received) and receives the next one. Each
+    rank sends one stream and receives one per step, and each frame crosses each link once."""
+    rank, world = channel.rank, channel.world_size
+    after, before = (rank + 1) % world, (rank - 1) % world
+    for step in range(world - 1):
+        passing, arriving = (rank - step) % world, (rank - step - 1) % world
+        sends = []
+        if records[passing].is_large:
+            chunks = own() if passing == rank else records[passing].incoming(frames[passing])
+            sends = [((after,), chunks)]
+        recvs = [(before, records[arriving].incoming(frames[arriving]))] if records[arriving].is_large else []
+        stream(channel, sends, recvs)
 
 
 # -- the collectives ----------------------------------------------------------------------------
@@ -263,8 +315,7 @@ def all_gather_object(port: Port, obj: T) -> list[T]:
     frame, record, error = port.encode(obj, where)
     records = check_records(channel.all_gather(record), error, where)
     frames = _large_frames(records, channel.rank)
-    mine = records[channel.rank].is_large
-    channel.exchange({r: frame for r in range(channel.world_size) if r != channel.rank} if mine else {}, frames)
+    _ring(channel, records, frame.chunks, frames)
     return port.decode_all(records, frames, own=obj)
 
 
@@ -282,10 +333,11 @@ def gather_object(port: Port, obj: T, dst: int) -> list[T] | None:
     if received is not None:
         raise RemoteError([received], context=where)
     if channel.rank != dst:
-        channel.exchange({dst: frame} if Record(record).is_large else {}, {})
+        if Record(record).is_large:
+            stream(channel, [((dst,), frame.chunks())], [])
         return None
     frames = _large_frames(records, dst)
-    channel.exchange({}, frames)
+    stream(channel, [], [(sender, records[sender].incoming(data)) for sender, data in frames.items()])
     return port.decode_all(records, frames, own=obj)
 
 
@@ -295,7 +347,8 @@ def broadcast_object(port: Port, obj: T, src: int) -> T:
     received = check_records([channel.broadcast(record, src)], error, where)[0]
     if channel.rank == src:
         if received.is_large:
-            channel.exchange({r: frame for r in range(channel.world_size) if r != src}, {})
+            others = tuple(r for r in range(channel.world_size) if r != src)
+            stream(channel, [(others, frame.chunks())], [])
         return obj
     return port.receive(received, src)  # type: ignore[no-any-return]
 
@@ -312,7 +365,7 @@ def broadcast_object_list(port: Port, objects: list[Any], src: int) -> list[Any]
 
 def scatter_object(port: Port, objects: Sequence[T] | None, src: int) -> T:
     where, channel = "scatter_object", port.channel
-    frames: list[np.ndarray] = []
+    frames: list[Outgoing] = []
     rows: list[np.ndarray] | None = None
     error: BaseException | None = None
     if channel.rank == src:
@@ -320,15 +373,16 @@ def scatter_object(port: Port, objects: Sequence[T] | None, src: int) -> T:
     received = check_records([channel.scatter(rows, src, RECORD_BYTES)], error, where)[0]
     if channel.rank == src:
         assert rows is not None and objects is not None
-        large = {r: frames[r] for r in range(channel.world_size) if r != src and Record(rows[r]).is_large}
-        channel.exchange(large, {})
+        for peer in range(channel.world_size):
+            if peer != src and Record(rows[peer]).is_large:
+                stream(channel, [((peer,), frames[peer].chunks())], [])
         return objects[src]
     return port.receive(received, src)  # type: ignore[no-any-return]
 
 
 def _encode_each(
     port: Port, objects: Sequence[Any] | None, where: str
-) -> tuple[list[np.ndarray], list[np.ndarray], BaseException | None]:
+) -> tuple[list[Outgoing], list[np.ndarray], BaseException | None]:
     """Frames and records for a scatter; on any failure, the failure record for every rank."""
     world = port.channel.world_size
     if objects is None or isinstance(objects, (str, bytes)) or len(objects) != world:
@@ -351,7 +405,7 @@ def send_object(port: Port, obj: Any, dst: int) -> None:
     if error is not None:
         raise error
     if Record(record).is_large:
-        port.channel.exchange({dst: frame}, {})
+        stream(port.channel, [((dst,), frame.chunks())], [])
 
 
 def recv_object(port: Port, src: int) -> Any:
@@ -362,11 +416,11 @@ def recv_object(port: Port, src: int) -> Any:
 
 def all_gather_bytes(channel: Channel, data: bytes) -> list[bytes]:
     """Every rank's ``data``, whatever its length: inline in the records when it fits."""
-    frame = np.frombuffer(data, dtype=np.uint8)
-    records = [Record(row) for row in channel.all_gather(frame_record(frame))]
+    frame = np.frombuffer(bytearray(data), dtype=np.uint8)
+    chunk = chunk_size(DEFAULT_BUFFER_BYTES)
+    records = [Record(row) for row in channel.all_gather(frame_record(frame.size, chunk, lambda: frame))]
     frames = _large_frames(records, channel.rank)
-    mine = records[channel.rank].is_large
-    channel.exchange({r: frame for r in range(channel.world_size) if r != channel.rank} if mine else {}, frames)
+    _ring(channel, records, lambda: chunks_of(frame, chunk), frames)
     return [
         data if r == channel.rank else bytes(frames[r] if rec.is_large else rec.inline) for r, rec in enumerate(records)
     ]

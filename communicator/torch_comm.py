@@ -264,7 +264,12 @@ class TorchComm(Communicator):
 
     @override
     def _object_channel(self) -> TorchChannel:
-        return TorchChannel(self._rank, self._scope.companion, self._group_rank_of, self._wait)
+        return TorchChannel(self._rank, self._scope.companion, self._group_rank_of, self._wait, self._settle)
+
+    def _settle(self) -> None:
+        # The waiting thread holds on to its last transfer (so to its tensor) until it waits on
+        # another: a finished stand-in lets a received frame go with the objects made from it.
+        self._helper.start([faults.PointToPoint(_DONE, self._rank)], self._limit)
 
     # -- waiting and failures ------------------------------------------------------------------------
 
@@ -390,6 +395,19 @@ class TorchComm(Communicator):
             self._board.release()
 
 
+class _Done:
+    """A transfer that has finished."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+_DONE = _Done()
+
+
 class _Together:
     """Several started transfers that finish as one operation."""
 
@@ -410,9 +428,12 @@ class TorchChannel:
     """The object channel of a :class:`TorchComm`: its gloo group (the companion under NCCL), so
     that object bytes never touch a GPU."""
 
-    def __init__(self, rank: int, group: dist.ProcessGroup, group_rank_of: list[int], wait: Any) -> None:
+    def __init__(
+        self, rank: int, group: dist.ProcessGroup, group_rank_of: list[int], wait: Any, settle: Any = None
+    ) -> None:
         self.rank, self.world_size = rank, len(group_rank_of)
         self._group, self._group_rank_of, self._wait = group, group_rank_of, wait
+        self.settle = settle or (lambda: None)
 
     def all_gather(self, record: np.ndarray) -> list[np.ndarray]:
         rows = [torch.empty(record.size, dtype=torch.uint8) for _ in range(self.world_size)]
@@ -443,20 +464,22 @@ class TorchChannel:
         return out.numpy()
 
     def exchange(self, sends: Mapping[int, np.ndarray], recvs: Mapping[int, np.ndarray]) -> None:
-        if not sends and not recvs:
-            return
+        if sends or recvs:
+            self.post(list(sends.items()), list(recvs.items()))()
+
+    def post(self, sends: Sequence[tuple[int, np.ndarray]], recvs: Sequence[tuple[int, np.ndarray]]) -> Any:
         works: list[Work] = []
-        for peer, array in recvs.items():  # receives first: no send waits for one never posted
+        for peer, array in recvs:  # receives first: no send waits for one never posted
             work = dist.irecv(
                 torch.from_numpy(array), group=self._group, group_src=self._group_rank_of[peer], tag=TRANSFER_TAG
             )
             works.append(faults.PointToPoint(work, peer))
-        for peer, array in sends.items():
+        for peer, array in sends:
             work = dist.isend(
                 torch.from_numpy(array), group=self._group, group_dst=self._group_rank_of[peer], tag=TRANSFER_TAG
             )
             works.append(faults.PointToPoint(work, peer))
-        self._wait(works)
+        return lambda: self._wait(works)
 
 
 class SubgroupComm(TorchComm):
