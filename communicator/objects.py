@@ -20,8 +20,9 @@ point to point. A communicator supplies its own (``Communicator._object_channel`
 from __future__ import annotations
 
 import dataclasses
+import gc
 import struct
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -31,7 +32,7 @@ from communicator.arguments import TRANSFER_TAG
 from communicator.config import DEFAULT_OBJECT_BUFFER_BYTES
 from communicator.errors import RemoteError, RemoteFailure
 from communicator.serialization import Codec, receive_device, unpack_frame
-from communicator.transfer import Moves, Outgoing, Pending, chunk_size, chunks_of, stream
+from communicator.transfer import Chunks, Moves, Outgoing, Pending, chunk_size, chunks_of, stream
 
 __all__ = [
     "DEFAULT_BUFFER_BYTES",
@@ -59,6 +60,10 @@ RECORD_BYTES = 2048
 DEFAULT_BUFFER_BYTES = DEFAULT_OBJECT_BUFFER_BYTES
 _HEAD = struct.Struct("<BxxxxxxxQQ")  # kind, length, the sender's chunk size
 INLINE_BYTES = RECORD_BYTES - _HEAD.size
+#: all_gather_object sends frames up to this size to every rank at once, larger ones around a ring.
+AT_ONCE_BYTES = 1024 * 1024
+#: broadcast_object sends frames up to this size in a second broadcast, larger ones point to point.
+SMALL_FRAME_BYTES = 1024 * 1024
 EMPTY, INLINE, LARGE, FAILED = 0, 1, 2, 3
 
 
@@ -184,7 +189,7 @@ class Record:
     def is_large(self) -> bool:
         return bool(self.kind == LARGE)
 
-    def incoming(self, frame: np.ndarray) -> Iterator[np.ndarray]:
+    def incoming(self, frame: np.ndarray) -> Chunks:
         """The chunks the sender of this record sends ``frame`` in."""
         return chunks_of(frame, self.chunk)
 
@@ -271,12 +276,22 @@ class Port:
         return self.decode(data.data, sender)
 
     def decode_all(self, records: Sequence[Record], frames: Mapping[int, np.ndarray], own: T) -> list[T]:
-        """Every rank's object; this rank's own is the object itself (as in one process), not a copy."""
+        """Every rank's object; this rank's own is the object itself (as in one process), not a copy.
+
+        The garbage collector pauses meanwhile: unpickling many small containers would otherwise
+        trigger collections that walk every live object of the process, for nothing new to free.
+        """
         me = self.channel.rank
-        return [
-            own if r == me else self.decode(frames[r].data if rec.is_large else rec.inline, r)
-            for r, rec in enumerate(records)
-        ]
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return [
+                own if r == me else self.decode(frames[r].data if rec.is_large else rec.inline, r)
+                for r, rec in enumerate(records)
+            ]
+        finally:
+            if paused:
+                gc.enable()
 
 
 _NOTHING = Outgoing([memoryview(b"")], 64)
@@ -289,13 +304,19 @@ def _large_frames(records: Sequence[Record], skip: int) -> dict[int, np.ndarray]
 def _ring(
     channel: Channel,
     records: Sequence[Record],
-    own: Callable[[], Iterator[np.ndarray]],
+    own: Callable[[], Chunks],
     frames: Mapping[int, np.ndarray],
 ) -> None:
     """Every large frame to every rank around a ring: at step ``s`` each rank passes on the frame
     of rank ``rank - s`` (its own first, then what it received) and receives the next one. Each
-    rank sends one stream and receives one per step, and each frame crosses each link once."""
+    rank sends one stream and receives one per step, and each frame crosses each link once.
+    Frames of at most ``AT_ONCE_BYTES`` go to every rank at once instead: one step, not
+    ``world - 1``."""
     rank, world = channel.rank, channel.world_size
+    if all(rec.length <= AT_ONCE_BYTES for rec in records if rec.is_large):  # latency over bandwidth
+        sends = [(tuple(r for r in range(world) if r != rank), own())] if records[rank].is_large else []
+        stream(channel, sends, [(r, records[r].incoming(data)) for r, data in frames.items()])
+        return
     after, before = (rank + 1) % world, (rank - 1) % world
     for step in range(world - 1):
         passing, arriving = (rank - step) % world, (rank - step - 1) % world
@@ -325,19 +346,32 @@ def gather_object(port: Port, obj: T, dst: int) -> list[T] | None:
     rows = channel.gather(record, dst)
     # Only dst saw every record: it passes the first failure on, so that every rank raises.
     records = [Record(row) for row in rows] if rows is not None else []
+    mine = Record(record)
+    # A frame of one chunk goes before the verdict, overlapping it; it is received (and waited
+    # for on both sides) whatever the verdict, so no transfer is ever left behind.
+    frames = _large_frames(records, dst)
+    early = [(r, data) for r, data in frames.items() if data.size <= records[r].chunk]
+    if channel.rank == dst:
+        done = channel.post([], early) if early else None
+    else:
+        single = mine.is_large and mine.length <= mine.chunk
+        done = channel.post([(dst, next(frame.chunks()))], []) if single else None
     failures = [f for rec in records if (f := rec.failure()) is not None]
     verdict = failure_record(failures[0]) if failures else empty_record()
     received = Record(channel.broadcast(verdict, dst)).failure()
+    if done is not None:
+        done()
+        channel.settle()
     if error is not None:
         raise error
     if received is not None:
         raise RemoteError([received], context=where)
     if channel.rank != dst:
-        if Record(record).is_large:
+        if mine.is_large and done is None:
             stream(channel, [((dst,), frame.chunks())], [])
         return None
-    frames = _large_frames(records, dst)
-    stream(channel, [], [(sender, records[sender].incoming(data)) for sender, data in frames.items()])
+    rest = [(r, records[r].incoming(data)) for r, data in frames.items() if data.size > records[r].chunk]
+    stream(channel, [], rest)
     return port.decode_all(records, frames, own=obj)
 
 
@@ -345,11 +379,16 @@ def broadcast_object(port: Port, obj: T, src: int) -> T:
     where, channel = "broadcast_object", port.channel
     frame, record, error = port.encode(obj, where) if channel.rank == src else (_NOTHING, empty_record(), None)
     received = check_records([channel.broadcast(record, src)], error, where)[0]
+    small = received.is_large and received.length <= SMALL_FRAME_BYTES
     if channel.rank == src:
-        if received.is_large:
+        if small:
+            channel.broadcast(frame.build(), src)
+        elif received.is_large:
             others = tuple(r for r in range(channel.world_size) if r != src)
             stream(channel, [(others, frame.chunks())], [])
         return obj
+    if small:
+        return port.decode(channel.broadcast(np.empty(received.length, dtype=np.uint8), src).data, src)  # type: ignore[no-any-return]
     return port.receive(received, src)  # type: ignore[no-any-return]
 
 

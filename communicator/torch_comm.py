@@ -433,7 +433,8 @@ class TorchChannel:
     ) -> None:
         self.rank, self.world_size = rank, len(group_rank_of)
         self._group, self._group_rank_of, self._wait = group, group_rank_of, wait
-        self.settle = settle or (lambda: None)
+        self._settle = settle or (lambda: None)
+        self._helped = False  # whether a transfer was waited on by the transfer thread since settle()
 
     def all_gather(self, record: np.ndarray) -> list[np.ndarray]:
         rows = [torch.empty(record.size, dtype=torch.uint8) for _ in range(self.world_size)]
@@ -479,7 +480,25 @@ class TorchChannel:
                 torch.from_numpy(array), group=self._group, group_dst=self._group_rank_of[peer], tag=TRANSFER_TAG
             )
             works.append(faults.PointToPoint(work, peer))
-        return lambda: self._wait(works)
+        return lambda: self._finish(works)
+
+    def _finish(self, works: list[Work]) -> None:
+        # Transfers that finished already (while a collective ran, say) need no trip through the
+        # transfer thread: their wait returns at once. A failure goes the long way, to be explained.
+        if all(work.is_completed() for work in works):
+            try:
+                for work in works:
+                    work.wait()
+                return
+            except RuntimeError:
+                pass
+        self._helped = True
+        self._wait(works)
+
+    def settle(self) -> None:
+        if self._helped:
+            self._helped = False
+            self._settle()
 
 
 class SubgroupComm(TorchComm):

@@ -10,25 +10,26 @@ A receiver knows the frame's length and the sender's chunk size from the sender'
 allocates the frame once, at its exact size, and receives every chunk into its place. Decoding
 then makes views of that buffer: nothing is copied again.
 
-:func:`stream` drives the transfers of one step: every send and receive stream advances one chunk
-per round, and at most two rounds are in flight, which is what lets a staging buffer be reused.
+:func:`stream` drives the transfers of one step: every receive and every chunk sent in place is
+posted at once; a staged chunk waits until the chunk that used its buffer before has been sent.
 """
 
 from __future__ import annotations
 
 import bisect
-import collections
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Protocol
 
 import numpy as np
 
 from communicator.serialization import ALIGN, frame_layout, frame_table
 
-__all__ = ["Moves", "Outgoing", "Pending", "Poster", "chunk_size", "chunks_of", "stream"]
+__all__ = ["Chunks", "Moves", "Outgoing", "Pending", "Poster", "chunk_size", "chunks_of", "stream"]
 
 Pending = Callable[[], None]
 Moves = Sequence[tuple[int, np.ndarray]]
+#: Chunks in sending order; :func:`stream` sends each one's transfers back into it once posted.
+Chunks = Generator[np.ndarray, Pending | None, None]
 
 
 class Poster(Protocol):
@@ -50,7 +51,7 @@ def chunk_size(buffer_bytes: int) -> int:
     return max(ALIGN, buffer_bytes // 2 // ALIGN * ALIGN)
 
 
-def chunks_of(frame: np.ndarray, chunk: int) -> Iterator[np.ndarray]:
+def chunks_of(frame: np.ndarray, chunk: int) -> Chunks:
     """``frame`` cut into the chunks its sender sends (views: receiving into them fills the frame)."""
     for start in range(0, frame.size, chunk):
         yield frame[start : start + chunk]
@@ -77,10 +78,13 @@ class Outgoing:
         self._fill(out, 0)
         return out
 
-    def chunks(self) -> Iterator[np.ndarray]:
-        """The frame's chunks in order. A staged chunk reuses the buffer of the chunk two before it:
-        take the next chunk only once that one has been sent (as :func:`stream` does)."""
-        for index, start in enumerate(range(0, self.nbytes, self.chunk)):
+    def chunks(self) -> Chunks:
+        """The frame's chunks in order. A staged chunk reuses the buffer of the staged chunk two
+        before it: the generator is sent the transfers each chunk went out in (as :func:`stream`
+        does) and finishes those of a buffer before it fills it again."""
+        sending: list[Pending | None] = [None, None]  # what each staging buffer is being sent in
+        staged_count = 0
+        for start in range(0, self.nbytes, self.chunk):
             stop = min(start + self.chunk, self.nbytes)
             part = bisect.bisect_right(self._starts, start) - 1
             array = self._parts[part]
@@ -88,11 +92,16 @@ class Outgoing:
                 offset = start - self._starts[part]
                 yield array[offset : offset + stop - start]
                 continue
-            if len(self._staging) <= index % 2:
+            slot = staged_count % 2
+            staged_count += 1
+            if len(self._staging) <= slot:
                 self._staging.append(np.empty(min(self.chunk, self.nbytes), dtype=np.uint8))
-            staged = self._staging[index % 2][: stop - start]
+            earlier = sending[slot]
+            if earlier is not None:
+                earlier()
+            staged = self._staging[slot][: stop - start]
             self._fill(staged, start)
-            yield staged
+            sending[slot] = yield staged
 
     def _fill(self, out: np.ndarray, start: int) -> None:
         """Copy the frame's bytes ``start .. start + out.size`` into ``out`` (padding as zeros)."""
@@ -116,22 +125,48 @@ class Outgoing:
 
 def stream(
     channel: Poster,
-    sends: Sequence[tuple[Sequence[int], Iterator[np.ndarray]]],
-    recvs: Sequence[tuple[int, Iterator[np.ndarray]]],
+    sends: Sequence[tuple[Sequence[int], Chunks]],
+    recvs: Sequence[tuple[int, Chunks]],
 ) -> None:
-    """Advance every stream one chunk per round, two rounds in flight, until all are done.
+    """Send and receive streams of chunks, and wait until all are done.
 
     ``sends``: (peers, chunks): each chunk goes to every peer; ``recvs``: (peer, chunks) to fill.
+    Every receive is posted at once (they fill their frames in place, so the senders never wait
+    on this rank's pace); so is every send of a chunk sent in place. A staged chunk waits, inside
+    :meth:`Outgoing.chunks`, for the transfers of the chunk that used its buffer before.
     """
-    pending: collections.deque[Pending] = collections.deque()
-    while True:
-        out = [(peer, chunk) for peers, chunks in sends if (chunk := next(chunks, None)) is not None for peer in peers]
-        into = [(peer, chunk) for peer, chunks in recvs if (chunk := next(chunks, None)) is not None]
-        if not out and not into:
-            break
-        pending.append(channel.post(out, into))
-        if len(pending) == 2:
-            pending.popleft()()
-    while pending:
-        pending.popleft()()
+    if not sends and not recvs:
+        return
+    into = [(peer, chunk) for peer, chunks in recvs for chunk in chunks]
+    posted = [_once(channel.post([], into))] if into else []
+    streams = [(peers, chunks, next(chunks, None)) for peers, chunks in sends]
+    while streams:
+        done = _once(
+            channel.post([(peer, chunk) for peers, _, chunk in streams if chunk is not None for peer in peers], [])
+        )
+        posted.append(done)
+        streams = [(peers, chunks, _following(chunks, done)) for peers, chunks, chunk in streams if chunk is not None]
+        streams = [stream for stream in streams if stream[2] is not None]
+    for done in posted:
+        done()
     channel.settle()  # received frames must not outlive their objects
+
+
+def _following(chunks: Chunks, done: Pending) -> np.ndarray | None:
+    try:
+        return chunks.send(done)
+    except StopIteration:
+        return None
+
+
+def _once(pending: Pending) -> Pending:
+    """``pending`` that waits the first time it is called and returns at once after."""
+    waited = False
+
+    def wait() -> None:
+        nonlocal waited
+        if not waited:
+            waited = True
+            pending()
+
+    return wait
