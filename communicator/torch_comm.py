@@ -6,7 +6,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,7 @@ from communicator.groups import GroupPair, Groups
 from communicator.handles import Work
 from communicator.launchers import Topology, detect_launcher
 from communicator.nonmember import NonMemberComm
+from communicator.transfer import Pending
 
 __all__ = ["GroupScope", "SubgroupComm", "TorchComm"]
 
@@ -429,7 +430,12 @@ class TorchChannel:
     that object bytes never touch a GPU."""
 
     def __init__(
-        self, rank: int, group: dist.ProcessGroup, group_rank_of: list[int], wait: Any, settle: Any = None
+        self,
+        rank: int,
+        group: dist.ProcessGroup,
+        group_rank_of: list[int],
+        wait: Any,
+        settle: Callable[[], None] | None = None,
     ) -> None:
         self.rank, self.world_size = rank, len(group_rank_of)
         self._group, self._group_rank_of, self._wait = group, group_rank_of, wait
@@ -468,7 +474,7 @@ class TorchChannel:
         if sends or recvs:
             self.post(list(sends.items()), list(recvs.items()))()
 
-    def post(self, sends: Sequence[tuple[int, np.ndarray]], recvs: Sequence[tuple[int, np.ndarray]]) -> Any:
+    def post(self, sends: Sequence[tuple[int, np.ndarray]], recvs: Sequence[tuple[int, np.ndarray]]) -> Pending:
         works: list[Work] = []
         for peer, array in recvs:  # receives first: no send waits for one never posted
             work = dist.irecv(
