@@ -346,7 +346,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         self._calls.launched = True
         if self._port is None:
             receive = self.device if self.device.type != "cpu" else None
-            self._port = protocol.Port(self._object_channel(), self._codec, receive)
+            self._port = protocol.Port(self._object_channel(), self._codec, receive, self.config.object_buffer_bytes)
         self._port.event = self._calls.event
         return self._port
 

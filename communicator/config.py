@@ -17,6 +17,8 @@ BACKENDS = ("auto", "gloo", "nccl", "mpi")
 SERIALIZERS = ("pickle", "safe")
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 DEFAULT_SAFE_MAX_EXPANSION = 256
+DEFAULT_OBJECT_BUFFER_BYTES = 16 * 1024 * 1024
+MIN_OBJECT_BUFFER_BYTES = 64 * 1024
 
 # Keys that other libraries use for the same setting (mmengine's `init_dist(port=...)`).
 ALIASES = {"port": "master_port"}
@@ -63,6 +65,11 @@ class CommConfig:
     safe_max_expansion: int = DEFAULT_SAFE_MAX_EXPANSION
     """The memory the ``"safe"`` serializer lets one received object take while it is decoded: this
     many bytes per byte received, plus 1 MiB; a payload that would need more is refused."""
+    object_buffer_bytes: int = DEFAULT_OBJECT_BUFFER_BYTES
+    """The memory (bytes, at least 64 KiB) an object collective may use on top of the objects it
+    sends: frames go in chunks of half this size, straight from the objects' memory where a chunk
+    lies inside one array or tensor, else through one of two staging buffers. Receivers take the
+    sender's chunk size from its record, so ranks may differ."""
     debug: bool = False
     """Compare every collective's fingerprint across ranks before running it."""
     stall_seconds: float = 10.0
@@ -109,6 +116,11 @@ class CommConfig:
         expansion = self.safe_max_expansion
         if isinstance(expansion, bool) or not isinstance(expansion, int) or expansion < 1:
             raise ConfigError(f"safe_max_expansion={expansion!r} is invalid: expected a positive integer")
+        buffer = self.object_buffer_bytes
+        if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < MIN_OBJECT_BUFFER_BYTES:
+            raise ConfigError(
+                f"object_buffer_bytes={buffer!r} is invalid: expected an integer of at least {MIN_OBJECT_BUFFER_BYTES}"
+            )
         for flag in ("debug", "stats"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag}={getattr(self, flag)!r} is invalid: expected True or False")
@@ -182,7 +194,7 @@ def _parse_env(name: str, raw: str) -> Any:
             return float(raw)
         except ValueError:
             raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r} is invalid: expected seconds") from None
-    if name in ("master_port", "safe_max_expansion", "trace_events"):
+    if name in ("master_port", "safe_max_expansion", "trace_events", "object_buffer_bytes"):
         try:
             return int(raw)
         except ValueError:

@@ -8,7 +8,6 @@ device. Differing digests raise the same :class:`CollectiveMismatchError` on eve
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import struct
@@ -45,22 +44,23 @@ _ALIGN = 16
 Path = tuple[Any, ...]
 
 
-@dataclasses.dataclass
 class _Leaf:
-    path: Path
-    kind: str  # "tensor", "int", "float", "bool", "numpy"
-    tensor: torch.Tensor
-    original: Any
-    key: str = ""  # repr of the path: the order and the name ranks compare
+    """One value of the dict: where it is, what it was, and the tensor that carries it."""
 
-    def __post_init__(self) -> None:
-        self.key = repr(self.path)
+    __slots__ = ("key", "kind", "original", "path", "tensor")
+
+    def __init__(self, path: Path, kind: str, tensor: torch.Tensor, original: Any) -> None:
+        self.path = path
+        self.kind = kind  # "tensor", "int", "float", "bool", "numpy"
+        self.tensor = tensor
+        self.original = original
+        self.key = repr(path)  # the order and the name ranks compare
 
 
 def _leaves(data: Mapping[Any, Any], prefix: Path = ()) -> list[tuple[Path, Any]]:
     found: list[tuple[Path, Any]] = []
     for key, value in data.items():
-        if isinstance(value, Mapping):
+        if type(value) is not torch.Tensor and isinstance(value, Mapping):  # a tensor first: no ABC check
             found.extend(_leaves(value, (*prefix, key)))
         else:
             found.append(((*prefix, key), value))
@@ -68,7 +68,8 @@ def _leaves(data: Mapping[Any, Any], prefix: Path = ()) -> list[tuple[Path, Any]
 
 
 def _leaf(path: Path, value: Any) -> _Leaf:
-    name = ".".join(map(str, path))
+    if type(value) is torch.Tensor:  # the common case first
+        return _Leaf(path, "tensor", value.detach(), value)
     if isinstance(value, torch.Tensor):
         return _Leaf(path, "tensor", value.detach(), value)
     if isinstance(value, bool):
@@ -79,11 +80,24 @@ def _leaf(path: Path, value: Any) -> _Leaf:
         return _Leaf(path, "float", torch.tensor(value, dtype=torch.float64), value)
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc":
         return _Leaf(path, "numpy", torch.from_numpy(np.array(value, copy=True)), value)
+    name = ".".join(map(str, path))
     raise TypeError(f"all_reduce_dict: value at {name!r} is a {type(value).__name__}; expected a tensor or a number")
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype)
+    return name
+
+
 def _signature(leaves: list[_Leaf]) -> list[tuple[str, str, tuple[int, ...], str]]:
-    return [(leaf.key, str(leaf.tensor.dtype), tuple(leaf.tensor.shape), leaf.tensor.device.type) for leaf in leaves]
+    return [
+        (leaf.key, _dtype_name(leaf.tensor.dtype), tuple(leaf.tensor.shape), leaf.tensor.device.type) for leaf in leaves
+    ]
 
 
 def _mismatch(signatures: list[list[tuple[str, str, tuple[int, ...], str]]]) -> CollectiveMismatchError:
@@ -141,7 +155,9 @@ def _nest(pairs: list[tuple[Path, Any]], template: Mapping[Any, Any]) -> dict[An
 
     def build(node: Mapping[Any, Any], prefix: Path) -> dict[Any, Any]:
         return {
-            key: build(value, (*prefix, key)) if isinstance(value, Mapping) else values[(*prefix, key)]
+            key: build(value, (*prefix, key))
+            if type(value) is not torch.Tensor and isinstance(value, Mapping)
+            else values[(*prefix, key)]
             for key, value in node.items()
         }
 
@@ -155,12 +171,12 @@ def all_reduce_dict(
     name = parse_op(op)
     if not isinstance(data, Mapping):
         raise TypeError(f"all_reduce_dict needs a dict, got {type(data).__name__}")
-    leaves = sorted((_leaf(p, v) for p, v in _leaves(data)), key=lambda leaf: leaf.key)
-    for leaf in leaves:
-        check_op_dtype(name, leaf.tensor.dtype)
+    leaves = sorted((_leaf(p, v) for p, v in _leaves(data)), key=_key)
     signature = _signature(leaves)
     digest = hashlib.blake2b(repr(signature).encode(), digest_size=16).digest()
     buckets = _buckets(leaves)
+    for _, dtype in buckets:
+        check_op_dtype(name, dtype)
 
     # Each bucket's values, flattened into one tensor, at an aligned offset of the record.
     flats, offsets, end = [], [], 0
@@ -210,11 +226,16 @@ def _unflatten(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tenso
     return [piece.reshape(t.shape) for piece, t in zip(torch.split(flat, [t.numel() for t in like]), like, strict=True)]
 
 
-def _buckets(leaves: list[_Leaf]) -> dict[tuple[str, torch.dtype], list[_Leaf]]:
+def _key(leaf: _Leaf) -> str:
+    return leaf.key
+
+
+def _buckets(leaves: list[_Leaf]) -> dict[tuple[torch.device, torch.dtype], list[_Leaf]]:
     """Leaves grouped by device and dtype, in the (sorted) order of their first leaf."""
-    buckets: dict[tuple[str, torch.dtype], list[_Leaf]] = {}
+    buckets: dict[tuple[torch.device, torch.dtype], list[_Leaf]] = {}
     for leaf in leaves:
-        buckets.setdefault((str(leaf.tensor.device), leaf.tensor.dtype), []).append(leaf)
+        tensor = leaf.tensor
+        buckets.setdefault((tensor.device, tensor.dtype), []).append(leaf)
     return buckets
 
 

@@ -363,7 +363,9 @@ class TransferWaiter:
             except BaseException as error:  # noqa: BLE001 - handed to the waiting caller
                 job.error = error
             finally:
+                job.works = []  # the transfers' tensors (received frames) must not outlive the operation
                 job.done.set()
+            job = work = None  # nor wait here for the next job
 
 
 def wait(

@@ -2,10 +2,15 @@
 
 Every object collective starts with one fixed-size record per rank (:data:`RECORD_BYTES`). A
 record carries the encoded object inline when it fits, so a small object needs that one
-collective; or the length of its frame, whose exact bytes then go point to point (nothing is
-padded); or a failure report, so that a rank which cannot serialise releases every peer at once
-instead of leaving them waiting. The receiver raises the sender's failure as a
-:class:`~communicator.errors.RemoteError`.
+collective; or the length of its frame and the sender's chunk size, whose exact bytes then go
+point to point in chunks (nothing is padded, see :mod:`communicator.transfer`); or a failure
+report, so that a rank which cannot serialise releases every peer at once instead of leaving them
+waiting. The receiver raises the sender's failure as a :class:`~communicator.errors.RemoteError`.
+
+The point-to-point schedule keeps one transfer in and one out per rank at a time: a ring for
+``all_gather_object`` (each frame crosses each link once, forwarded from the receive buffer);
+every sender's chunks into ``gather_object``'s destination, one chunk per sender in flight; the
+source's chunks to every rank for ``broadcast_object``.
 
 The bytes travel on a :class:`Channel`: fixed-size records in collectives, exact-size payloads
 point to point. A communicator supplies its own (``Communicator._object_channel``);
@@ -15,6 +20,7 @@ point to point. A communicator supplies its own (``Communicator._object_channel`
 from __future__ import annotations
 
 import dataclasses
+import gc
 import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,11 +30,14 @@ import numpy as np
 import torch
 
 from communicator.arguments import TRANSFER_TAG
+from communicator.config import DEFAULT_OBJECT_BUFFER_BYTES
 from communicator.errors import RemoteError, RemoteFailure
 from communicator.events import Event
-from communicator.serialization import Codec, pack_frame, receive_device, unpack_frame
+from communicator.serialization import Codec, receive_device, unpack_frame
+from communicator.transfer import Chunks, Moves, Outgoing, Pending, chunk_size, chunks_of, stream
 
 __all__ = [
+    "DEFAULT_BUFFER_BYTES",
     "RECORD_BYTES",
     "Channel",
     "Port",
@@ -49,8 +58,14 @@ __all__ = [
 T = TypeVar("T")
 
 RECORD_BYTES = 2048
-_HEAD = struct.Struct("<BxxxxxxxQ")  # kind, length
+#: The staging memory an object collective uses on top of the objects (``CommConfig.object_buffer_bytes``).
+DEFAULT_BUFFER_BYTES = DEFAULT_OBJECT_BUFFER_BYTES
+_HEAD = struct.Struct("<BxxxxxxxQQ")  # kind, length, the sender's chunk size
 INLINE_BYTES = RECORD_BYTES - _HEAD.size
+#: all_gather_object sends frames up to this size to every rank at once, larger ones around a ring.
+AT_ONCE_BYTES = 1024 * 1024
+#: broadcast_object sends frames up to this size in a second broadcast, larger ones point to point.
+SMALL_FRAME_BYTES = 1024 * 1024
 EMPTY, INLINE, LARGE, FAILED = 0, 1, 2, 3
 
 
@@ -78,6 +93,10 @@ class Channel(Protocol):
 
     def exchange(self, sends: Mapping[int, np.ndarray], recvs: Mapping[int, np.ndarray]) -> None:
         """Send ``sends[r]`` to rank ``r`` and fill ``recvs[r]`` from rank ``r``; every length is known."""
+        ...
+
+    def post(self, sends: Moves, recvs: Moves) -> Pending:
+        """Start the sends and receives of ``(peer, array)`` pairs; the returned function finishes them."""
         ...
 
 
@@ -135,10 +154,14 @@ class PrimitiveChannel:
         return records[src]
 
     def exchange(self, sends: Mapping[int, np.ndarray], recvs: Mapping[int, np.ndarray]) -> None:
-        if sends or recvs:  # receives first, so no send waits for a receive that was never posted
-            works = [self._irecv(torch.from_numpy(a), r, TRANSFER_TAG) for r, a in recvs.items()]
-            works += [self._isend(torch.from_numpy(a), r, TRANSFER_TAG) for r, a in sends.items()]
-            self._wait(works)
+        if sends or recvs:
+            self.post(list(sends.items()), list(recvs.items()))()
+
+    def post(self, sends: Moves, recvs: Moves) -> Pending:
+        # receives first, so no send waits for a receive that was never posted
+        works = [self._irecv(torch.from_numpy(a), r, TRANSFER_TAG) for r, a in recvs]
+        works += [self._isend(torch.from_numpy(a), r, TRANSFER_TAG) for r, a in sends]
+        return lambda: self._wait(works)
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -147,10 +170,10 @@ class PrimitiveChannel:
 class Record:
     """A parsed record: what one rank announced."""
 
-    __slots__ = ("kind", "length", "raw")
+    __slots__ = ("chunk", "kind", "length", "raw")
 
     def __init__(self, raw: np.ndarray) -> None:
-        self.kind, self.length = _HEAD.unpack_from(raw.data, 0)
+        self.kind, self.length, self.chunk = _HEAD.unpack_from(raw.data, 0)
         self.raw = raw
 
     @property
@@ -160,6 +183,10 @@ class Record:
     @property
     def is_large(self) -> bool:
         return bool(self.kind == LARGE)
+
+    def incoming(self, frame: np.ndarray) -> Chunks:
+        """The chunks the sender of this record sends ``frame`` in."""
+        return chunks_of(frame, self.chunk)
 
     def failure(self) -> RemoteFailure | None:
         """The failure this record reports (naming the rank it came from), if it reports one."""
@@ -173,17 +200,17 @@ def empty_record() -> np.ndarray:
 def _record(kind: int, payload: np.ndarray | bytes) -> np.ndarray:
     out = np.zeros(RECORD_BYTES, dtype=np.uint8)
     data = np.frombuffer(payload, dtype=np.uint8) if isinstance(payload, bytes) else payload
-    _HEAD.pack_into(out.data, 0, kind, data.size)
+    _HEAD.pack_into(out.data, 0, kind, data.size, 0)
     out[_HEAD.size : _HEAD.size + data.size] = data
     return out
 
 
-def frame_record(frame: np.ndarray) -> np.ndarray:
-    """A record announcing ``frame``, inline when it fits."""
-    if frame.nbytes <= INLINE_BYTES:
-        return _record(INLINE, frame)
+def frame_record(length: int, chunk: int, inline: Callable[[], np.ndarray]) -> np.ndarray:
+    """A record announcing a frame of ``length`` bytes: inline (``inline()`` builds it) when it fits."""
+    if length <= INLINE_BYTES:
+        return _record(INLINE, inline())
     out = np.zeros(RECORD_BYTES, dtype=np.uint8)
-    _HEAD.pack_into(out.data, 0, LARGE, frame.nbytes)
+    _HEAD.pack_into(out.data, 0, LARGE, length, chunk)
     return out
 
 
@@ -213,20 +240,22 @@ class Port:
     channel: Channel
     codec: Codec
     device: torch.device | None  # where CUDA tensors inside received objects go (None: the CPU)
+    buffer_bytes: int = DEFAULT_BUFFER_BYTES  # staging memory for sending (two chunks)
 
     event: Event | None = None  # the running operation's: serialisation time and bytes go there
 
-    def encode(self, obj: Any, where: str) -> tuple[np.ndarray, np.ndarray, BaseException | None]:
+    def encode(self, obj: Any, where: str) -> tuple[Outgoing, np.ndarray, BaseException | None]:
         """(frame, record, error): a failing encoder becomes a failure record, not a hang."""
         started = time.perf_counter()
         try:
-            frame = pack_frame(self.codec.encode(obj))
+            frame = Outgoing(self.codec.encode(obj), chunk_size(self.buffer_bytes))
+            record = frame_record(frame.nbytes, frame.chunk, frame.build)
         except Exception as error:  # noqa: BLE001 - every encoding failure must reach the peers
             return _NOTHING, failure_record(RemoteFailure.of(self.channel.rank, error, where)), error
         if self.event is not None:
             self.event.serialize += time.perf_counter() - started
             self.event.sent += frame.nbytes
-        return frame, frame_record(frame), None
+        return frame, record, None
 
     def decode(self, data: memoryview, sender: int) -> Any:
         started = time.perf_counter()
@@ -248,23 +277,60 @@ class Port:
         if not record.is_large:
             return self.decode(record.inline, sender)
         data = np.empty(record.length, dtype=np.uint8)
-        self.channel.exchange({}, {sender: data})
+        stream(self.channel, [], [(sender, record.incoming(data))])
         return self.decode(data.data, sender)
 
     def decode_all(self, records: Sequence[Record], frames: Mapping[int, np.ndarray], own: T) -> list[T]:
-        """Every rank's object; this rank's own is the object itself (as in one process), not a copy."""
+        """Every rank's object; this rank's own is the object itself (as in one process), not a copy.
+
+        The garbage collector pauses meanwhile: unpickling many small containers would otherwise
+        trigger collections that walk every live object of the process, for nothing new to free.
+        """
         me = self.channel.rank
-        return [
-            own if r == me else self.decode(frames[r].data if rec.is_large else rec.inline, r)
-            for r, rec in enumerate(records)
-        ]
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return [
+                own if r == me else self.decode(frames[r].data if rec.is_large else rec.inline, r)
+                for r, rec in enumerate(records)
+            ]
+        finally:
+            if paused:
+                gc.enable()
 
 
-_NOTHING = np.empty(0, dtype=np.uint8)
+_NOTHING = Outgoing([memoryview(b"")], 64)
 
 
 def _large_frames(records: Sequence[Record], skip: int) -> dict[int, np.ndarray]:
     return {r: np.empty(rec.length, dtype=np.uint8) for r, rec in enumerate(records) if rec.is_large and r != skip}
+
+
+def _ring(
+    channel: Channel,
+    records: Sequence[Record],
+    own: Callable[[], Chunks],
+    frames: Mapping[int, np.ndarray],
+) -> None:
+    """Every large frame to every rank around a ring: at step ``s`` each rank passes on the frame
+    of rank ``rank - s`` (its own first, then what it received) and receives the next one. Each
+    rank sends one stream and receives one per step, and each frame crosses each link once.
+    Frames of at most ``AT_ONCE_BYTES`` go to every rank at once instead: one step, not
+    ``world - 1``."""
+    rank, world = channel.rank, channel.world_size
+    if all(rec.length <= AT_ONCE_BYTES for rec in records if rec.is_large):  # latency over bandwidth
+        sends = [(tuple(r for r in range(world) if r != rank), own())] if records[rank].is_large else []
+        stream(channel, sends, [(r, records[r].incoming(data)) for r, data in frames.items()])
+        return
+    after, before = (rank + 1) % world, (rank - 1) % world
+    for step in range(world - 1):
+        passing, arriving = (rank - step) % world, (rank - step - 1) % world
+        sends = []
+        if records[passing].is_large:
+            chunks = own() if passing == rank else records[passing].incoming(frames[passing])
+            sends = [((after,), chunks)]
+        recvs = [(before, records[arriving].incoming(frames[arriving]))] if records[arriving].is_large else []
+        stream(channel, sends, recvs)
 
 
 # -- the collectives ----------------------------------------------------------------------------
@@ -275,8 +341,7 @@ def all_gather_object(port: Port, obj: T) -> list[T]:
     frame, record, error = port.encode(obj, where)
     records = check_records(channel.all_gather(record), error, where)
     frames = _large_frames(records, channel.rank)
-    mine = records[channel.rank].is_large
-    channel.exchange({r: frame for r in range(channel.world_size) if r != channel.rank} if mine else {}, frames)
+    _ring(channel, records, frame.chunks, frames)
     return port.decode_all(records, frames, own=obj)
 
 
@@ -286,18 +351,31 @@ def gather_object(port: Port, obj: T, dst: int) -> list[T] | None:
     rows = channel.gather(record, dst)
     # Only dst saw every record: it passes the first failure on, so that every rank raises.
     records = [Record(row) for row in rows] if rows is not None else []
+    mine = Record(record)
+    # A frame of one chunk goes before the verdict, overlapping it; it is received (and waited
+    # for on both sides) whatever the verdict, so no transfer is ever left behind.
+    frames = _large_frames(records, dst)
+    early = [(r, data) for r, data in frames.items() if data.size <= records[r].chunk]
+    if channel.rank == dst:
+        done = channel.post([], early) if early else None
+    else:
+        single = mine.is_large and mine.length <= mine.chunk
+        done = channel.post([(dst, next(frame.chunks()))], []) if single else None
     failures = [f for rec in records if (f := rec.failure()) is not None]
     verdict = failure_record(failures[0]) if failures else empty_record()
     received = Record(channel.broadcast(verdict, dst)).failure()
+    if done is not None:
+        done()
     if error is not None:
         raise error
     if received is not None:
         raise RemoteError([received], context=where)
     if channel.rank != dst:
-        channel.exchange({dst: frame} if Record(record).is_large else {}, {})
+        if mine.is_large and done is None:
+            stream(channel, [((dst,), frame.chunks())], [])
         return None
-    frames = _large_frames(records, dst)
-    channel.exchange({}, frames)
+    rest = [(r, records[r].incoming(data)) for r, data in frames.items() if data.size > records[r].chunk]
+    stream(channel, [], rest)
     return port.decode_all(records, frames, own=obj)
 
 
@@ -305,10 +383,16 @@ def broadcast_object(port: Port, obj: T, src: int) -> T:
     where, channel = "broadcast_object", port.channel
     frame, record, error = port.encode(obj, where) if channel.rank == src else (_NOTHING, empty_record(), None)
     received = check_records([channel.broadcast(record, src)], error, where)[0]
+    small = received.is_large and received.length <= SMALL_FRAME_BYTES
     if channel.rank == src:
-        if received.is_large:
-            channel.exchange({r: frame for r in range(channel.world_size) if r != src}, {})
+        if small:
+            channel.broadcast(frame.build(), src)
+        elif received.is_large:
+            others = tuple(r for r in range(channel.world_size) if r != src)
+            stream(channel, [(others, frame.chunks())], [])
         return obj
+    if small:
+        return port.decode(channel.broadcast(np.empty(received.length, dtype=np.uint8), src).data, src)  # type: ignore[no-any-return]
     return port.receive(received, src)  # type: ignore[no-any-return]
 
 
@@ -324,7 +408,7 @@ def broadcast_object_list(port: Port, objects: list[Any], src: int) -> list[Any]
 
 def scatter_object(port: Port, objects: Sequence[T] | None, src: int) -> T:
     where, channel = "scatter_object", port.channel
-    frames: list[np.ndarray] = []
+    frames: list[Outgoing] = []
     rows: list[np.ndarray] | None = None
     error: BaseException | None = None
     if channel.rank == src:
@@ -332,15 +416,16 @@ def scatter_object(port: Port, objects: Sequence[T] | None, src: int) -> T:
     received = check_records([channel.scatter(rows, src, RECORD_BYTES)], error, where)[0]
     if channel.rank == src:
         assert rows is not None and objects is not None
-        large = {r: frames[r] for r in range(channel.world_size) if r != src and Record(rows[r]).is_large}
-        channel.exchange(large, {})
+        for peer in range(channel.world_size):
+            if peer != src and Record(rows[peer]).is_large:
+                stream(channel, [((peer,), frames[peer].chunks())], [])
         return objects[src]
     return port.receive(received, src)  # type: ignore[no-any-return]
 
 
 def _encode_each(
     port: Port, objects: Sequence[Any] | None, where: str
-) -> tuple[list[np.ndarray], list[np.ndarray], BaseException | None]:
+) -> tuple[list[Outgoing], list[np.ndarray], BaseException | None]:
     """Frames and records for a scatter; on any failure, the failure record for every rank."""
     world = port.channel.world_size
     if objects is None or isinstance(objects, (str, bytes)) or len(objects) != world:
@@ -363,7 +448,7 @@ def send_object(port: Port, obj: Any, dst: int) -> None:
     if error is not None:
         raise error
     if Record(record).is_large:
-        port.channel.exchange({dst: frame}, {})
+        stream(port.channel, [((dst,), frame.chunks())], [])
 
 
 def recv_object(port: Port, src: int) -> Any:
@@ -374,11 +459,11 @@ def recv_object(port: Port, src: int) -> Any:
 
 def all_gather_bytes(channel: Channel, data: bytes) -> list[bytes]:
     """Every rank's ``data``, whatever its length: inline in the records when it fits."""
-    frame = np.frombuffer(data, dtype=np.uint8)
-    records = [Record(row) for row in channel.all_gather(frame_record(frame))]
+    frame = np.frombuffer(bytearray(data), dtype=np.uint8)
+    chunk = chunk_size(DEFAULT_BUFFER_BYTES)
+    records = [Record(row) for row in channel.all_gather(frame_record(frame.size, chunk, lambda: frame))]
     frames = _large_frames(records, channel.rank)
-    mine = records[channel.rank].is_large
-    channel.exchange({r: frame for r in range(channel.world_size) if r != channel.rank} if mine else {}, frames)
+    _ring(channel, records, lambda: chunks_of(frame, chunk), frames)
     return [
         data if r == channel.rank else bytes(frames[r] if rec.is_large else rec.inline) for r, rec in enumerate(records)
     ]

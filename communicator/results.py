@@ -31,6 +31,10 @@ def merge_parts(parts: Sequence[Sequence[T]], size: int, order: str) -> list[T]:
     if order == "contiguous":
         for part in parts:
             merged.extend(part)
+    elif parts and all(len(part) == len(parts[0]) for part in parts):  # a sampler's even shares
+        merged = [None] * (len(parts[0]) * len(parts))  # type: ignore[list-item]
+        for rank, part in enumerate(parts):
+            merged[rank :: len(parts)] = part
     else:
         longest = max((len(p) for p in parts), default=0)
         for index in range(longest):

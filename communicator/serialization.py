@@ -30,6 +30,8 @@ __all__ = [
     "SafeCodec",
     "UnsafePayloadError",
     "UserCodec",
+    "frame_layout",
+    "frame_table",
     "make_codec",
     "pack_frame",
     "receive_device",
@@ -112,13 +114,20 @@ def frame_layout(pieces: Sequence[memoryview]) -> tuple[int, list[int]]:
     return position, offsets
 
 
+def frame_table(pieces: Sequence[memoryview]) -> bytes:
+    """The table a frame starts with: the buffer count, the stream's length, each buffer's length."""
+    return _TABLE_HEAD.pack(len(pieces) - 1, pieces[0].nbytes) + b"".join(
+        _LENGTH.pack(piece.nbytes) for piece in pieces[1:]
+    )
+
+
 def pack_frame(pieces: Sequence[memoryview], into: np.ndarray | None = None) -> np.ndarray:
-    """Concatenate a codec's pieces into one uint8 array (the only copy a sender makes)."""
+    """Concatenate a codec's pieces into one uint8 array (senders stream them instead: see
+    :mod:`communicator.transfer`)."""
     total, offsets = frame_layout(pieces)
     out = np.empty(total, dtype=np.uint8) if into is None else into[:total]
-    _TABLE_HEAD.pack_into(out.data, 0, len(pieces) - 1, pieces[0].nbytes)
-    for i, piece in enumerate(pieces[1:]):
-        _LENGTH.pack_into(out.data, _TABLE_HEAD.size + i * _LENGTH.size, piece.nbytes)
+    table = frame_table(pieces)
+    out[: len(table)] = np.frombuffer(table, dtype=np.uint8)
     for piece, offset in zip(pieces, offsets, strict=True):
         out[offset : offset + piece.nbytes] = np.frombuffer(piece.cast("B"), dtype=np.uint8)
     return out

@@ -27,6 +27,7 @@ from communicator.groups import GroupPair, Groups
 from communicator.handles import Work
 from communicator.launchers import Topology, detect_launcher
 from communicator.nonmember import NonMemberComm
+from communicator.transfer import Pending
 
 __all__ = ["GroupScope", "SubgroupComm", "TorchComm"]
 
@@ -441,7 +442,13 @@ class TorchChannel:
     """The object channel of a :class:`TorchComm`: its gloo group (the companion under NCCL), so
     that object bytes never touch a GPU."""
 
-    def __init__(self, rank: int, group: dist.ProcessGroup, group_rank_of: list[int], wait: Any) -> None:
+    def __init__(
+        self,
+        rank: int,
+        group: dist.ProcessGroup,
+        group_rank_of: list[int],
+        wait: Any,
+    ) -> None:
         self.rank, self.world_size = rank, len(group_rank_of)
         self._group, self._group_rank_of, self._wait = group, group_rank_of, wait
 
@@ -474,19 +481,33 @@ class TorchChannel:
         return out.numpy()
 
     def exchange(self, sends: Mapping[int, np.ndarray], recvs: Mapping[int, np.ndarray]) -> None:
-        if not sends and not recvs:
-            return
+        if sends or recvs:
+            self.post(list(sends.items()), list(recvs.items()))()
+
+    def post(self, sends: Sequence[tuple[int, np.ndarray]], recvs: Sequence[tuple[int, np.ndarray]]) -> Pending:
         works: list[Work] = []
-        for peer, array in recvs.items():  # receives first: no send waits for one never posted
+        for peer, array in recvs:  # receives first: no send waits for one never posted
             work = dist.irecv(
                 torch.from_numpy(array), group=self._group, group_src=self._group_rank_of[peer], tag=TRANSFER_TAG
             )
             works.append(faults.PointToPoint(work, peer))
-        for peer, array in sends.items():
+        for peer, array in sends:
             work = dist.isend(
                 torch.from_numpy(array), group=self._group, group_dst=self._group_rank_of[peer], tag=TRANSFER_TAG
             )
             works.append(faults.PointToPoint(work, peer))
+        return lambda: self._finish(works)
+
+    def _finish(self, works: list[Work]) -> None:
+        # Transfers that finished already (while a collective ran, say) need no trip through the
+        # transfer thread: their wait returns at once. A failure goes the long way, to be explained.
+        if all(work.is_completed() for work in works):
+            try:
+                for work in works:
+                    work.wait()
+                return
+            except RuntimeError:
+                pass
         self._wait(works)
 
 

@@ -34,6 +34,9 @@ def test_defaults_and_mmengine_style_mapping() -> None:
         ({"safe_max_expansion": 0}, "safe_max_expansion=0"),
         ({"safe_max_expansion": True}, "safe_max_expansion=True"),
         ({"safe_max_expansion": "64"}, "safe_max_expansion='64'"),
+        ({"object_buffer_bytes": 1024}, "object_buffer_bytes=1024"),
+        ({"object_buffer_bytes": True}, "object_buffer_bytes=True"),
+        ({"object_buffer_bytes": 2.0**20}, "object_buffer_bytes=1048576.0"),
         ({"debug": "yes"}, "debug='yes'"),
         ({"stats": 1}, "stats=1"),
         ({"stall_seconds": 0}, "stall_seconds=0"),
@@ -72,6 +75,13 @@ def test_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="COMMUNICATOR_SAFE_MAX_EXPANSION"):
         CommConfig.of(None)
     monkeypatch.delenv("COMMUNICATOR_SAFE_MAX_EXPANSION")
+    monkeypatch.setenv("COMMUNICATOR_OBJECT_BUFFER_BYTES", "1048576")
+    assert CommConfig.of(None).object_buffer_bytes == 1048576
+    assert CommConfig().object_buffer_bytes == 16 * 1024 * 1024
+    monkeypatch.setenv("COMMUNICATOR_OBJECT_BUFFER_BYTES", "8MiB")
+    with pytest.raises(ConfigError, match="COMMUNICATOR_OBJECT_BUFFER_BYTES"):
+        CommConfig.of(None)
+    monkeypatch.delenv("COMMUNICATOR_OBJECT_BUFFER_BYTES")
     monkeypatch.setenv("COMMUNICATOR_STATS", "yes")
     monkeypatch.setenv("COMMUNICATOR_STALL_SECONDS", "2.5")
     monkeypatch.setenv("COMMUNICATOR_TRACE_DIR", "/tmp/traces")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import time
 import warnings
 
 import numpy as np
@@ -287,3 +288,73 @@ def test_seeded_runs_draw_the_same_seeds(run, world_size: int, through_dist: boo
     assert all(seq == first[0] for seq in first)  # every rank agrees
     assert len(set(first[0])) == 3  # successive calls differ
     assert other[0] != first[0]
+
+
+def chunked_collectives(comm: Communicator) -> bool:
+    """Frames of several chunks, each rank with its own chunk size (the smallest buffer gives chunks of
+    32 KiB): arrays and tensors inside one chunk, across chunks and across the pipeline's two buffers."""
+    buffer = 64 * 1024 * (comm.rank + 1)
+    with Communicator.create({"backend": "gloo", "object_buffer_bytes": buffer}) as chunked:
+        return object_collectives(chunked, big=True)
+
+
+@pytest.mark.world_size(2, 3)
+def test_object_collectives_stream_in_chunks_of_each_senders_size(run) -> None:
+    assert all(run(chunked_collectives))
+
+
+MiB = 1024 * 1024
+BUFFER = 4 * MiB  # object_buffer_bytes in the memory test
+PAYLOAD = 48 * MiB  # per rank: 12 arrays of 4 MiB
+
+
+def _memory_payload(rank: int) -> list[np.ndarray]:
+    return [np.full(MiB, rank + i, dtype=np.float32) for i in range(PAYLOAD // (4 * MiB))]
+
+
+def _growth(call: object) -> tuple[int, object]:
+    from communicator.bench.memory import peak_growth_since, peak_growth_start
+
+    start = peak_growth_start()
+    result = call()  # type: ignore[operator]
+    return peak_growth_since(start), result
+
+
+def memory_growth(comm: Communicator) -> dict[str, int]:
+    """How far each collective grew this rank's resident memory at its peak (bytes)."""
+    payload = _memory_payload(comm.rank)
+    comm.gather_object(payload, dst=0)  # warm up: the group's connections and buffers
+    comm.barrier()
+    time.sleep(0.2)  # the transfer thread lets the last frame go as soon as it runs
+    grown: dict[str, int] = {}
+    for name, call in (
+        ("gather_object", lambda: comm.gather_object(payload, dst=0)),
+        ("collect_results", lambda: comm.collect_results(payload, size=len(payload) * comm.world_size)),
+        ("broadcast_object", lambda: comm.broadcast_object(payload if comm.rank == 0 else None, src=0)),
+    ):
+        grown[name], result = _growth(call)
+        if name != "broadcast_object" and comm.rank == 0:
+            assert result is not None and len(result) == comm.world_size * (1 if name == "gather_object" else 12)
+        del result
+        comm.barrier()
+        time.sleep(0.2)
+    return grown
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/clear_refs"), reason="needs Linux's peak RSS reset")
+def test_object_collectives_memory_is_bounded() -> None:
+    """The destination holds the received bytes and little more; a sender needs its staging buffer,
+    not a copy of its payload (generous margins: other allocations of the process count too)."""
+    from communicator.testing import run_ranks
+
+    world = 3
+    grown = run_ranks(memory_growth, world, cfg={"backend": "gloo", "object_buffer_bytes": BUFFER}, timeout=120)
+    received = (world - 1) * PAYLOAD
+    margin = 16 * MiB
+    for op in ("gather_object", "collect_results"):
+        assert grown[0][op] <= received + margin, (op, grown[0][op] / MiB)
+        for rank in range(1, world):  # a full copy of the payload would be 48 MiB
+            assert grown[rank][op] <= BUFFER + margin, (op, rank, grown[rank][op] / MiB)
+    assert grown[0]["broadcast_object"] <= BUFFER + margin, grown[0]["broadcast_object"] / MiB
+    for rank in range(1, world):  # the source's frame, received once, in place
+        assert grown[rank]["broadcast_object"] <= PAYLOAD + margin, grown[rank]["broadcast_object"] / MiB

@@ -248,3 +248,32 @@ def test_cuda_tensors_arrive_on_the_receivers_device_or_cpu() -> None:
         assert PickleCodec().decode(*unpack_frame(frame.data)).device.type == "cpu"
     finally:
         receive_device.reset(token)
+
+
+@pytest.mark.parametrize("chunk", [64, 192, 4096, 65536, 1 << 22])
+def test_outgoing_chunks_are_the_frame_in_order(chunk: int) -> None:
+    from communicator.transfer import Outgoing
+
+    readonly = np.frombuffer(bytes(range(256)) * 100, dtype=np.uint8)  # a piece that cannot be sent in place
+    obj = {"a": np.arange(100_000, dtype=np.float32), "t": torch.arange(50_000.0), "r": readonly, "s": "x" * 30_000}
+    pieces = PickleCodec().encode(obj)
+    frame = Outgoing(pieces, chunk)
+    chunks = frame.chunks()
+    sent = []
+    for piece in chunks:  # copied at once: a staged buffer is reused two staged chunks later
+        sent.append(piece.copy())
+        assert piece.size <= chunk
+    whole = np.concatenate(sent)
+    assert whole.size == frame.nbytes
+    assert np.array_equal(whole, frame.build())
+    stream, buffers = unpack_frame(whole.data)
+    assert same(PickleCodec().decode(stream, buffers), obj)
+
+
+def test_outgoing_sends_chunks_inside_an_array_from_its_memory() -> None:
+    from communicator.transfer import Outgoing
+
+    array = np.arange(1 << 20, dtype=np.float32)  # 4 MiB
+    frame = Outgoing(PickleCodec().encode(array), 1 << 16)
+    in_place = [piece for piece in frame.chunks() if np.shares_memory(piece, array)]
+    assert len(in_place) >= (4 << 20) // (1 << 16) - 2  # all but the chunks at its two ends

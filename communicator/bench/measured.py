@@ -27,6 +27,11 @@ class CaseRun:
         """The implementations of ``op`` that were tried, failed ones included."""
         return [impl for name, impl in self.timings.correct if name == op]
 
+    def peak_mib(self, call: Call) -> float | None:
+        """The call's peak resident memory growth, the largest over the ranks (MiB)."""
+        peaks = self.timings.peak_bytes.get(call)
+        return max(peaks) / 2**20 if peaks and call not in self.timings.errors else None
+
     def median_ms(self, call: Call) -> float | None:
         """The call's median over the rounds; ``None`` when it failed or does not exist."""
         times = self.timings.seconds.get(call)

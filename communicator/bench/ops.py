@@ -1,4 +1,5 @@
-"""The timed operations, each written once per implementation: this library, torch.distributed, mmengine.dist.
+"""The timed operations, each written once per implementation: this library, torch.distributed,
+mmengine.dist, and the floor (:mod:`.floor`).
 
 An implementation is ``fn(context, data) -> result``. Every rank calls the same implementations in
 the same order, so the collectives inside them line up.
@@ -19,8 +20,10 @@ import torch.distributed as dist
 
 from communicator.base import Communicator
 from communicator.bench.compare import same_objects, same_reductions
+from communicator.bench.floor import FLOOR, FLOOR_IMPLS, floor_valid
 
 __all__ = [
+    "FLOOR",
     "IMPLS",
     "MMENGINE",
     "MMENGINE_GPU",
@@ -39,7 +42,7 @@ TORCH = "torch"
 MMENGINE = "mmengine"
 MMENGINE_GPU = "mmengine_gpu"
 #: Every implementation name, in the order the report shows them.
-IMPLS = (OURS, OURS_SAFE, TORCH, MMENGINE, MMENGINE_GPU)
+IMPLS = (OURS, OURS_SAFE, TORCH, MMENGINE, MMENGINE_GPU, FLOOR)
 DST = SRC = 0
 
 
@@ -60,6 +63,9 @@ class Context:
 Impl = Callable[[Context, Any], Any]
 
 
+Prepare = Callable[[Any, Sequence[int]], Any]  # (payload, every rank's pickled length) -> the input
+
+
 @dataclasses.dataclass(frozen=True)
 class Op:
     """One operation: its implementations, how to tell a result right, and how to turn a payload into its input."""
@@ -67,7 +73,13 @@ class Op:
     name: str
     impls: Mapping[str, Impl]
     same: Callable[[Any, Any], bool]  # (ours, theirs) -> whether theirs is right
-    prepare: Callable[[Any, Sequence[int]], Any]  # (payload, every rank's pickled length) -> the input
+    prepare: Prepare
+    # Implementations with an input of their own (the floor's preallocated buffers), checked on their own.
+    own_inputs: Mapping[str, Prepare] = dataclasses.field(default_factory=dict)
+    own_checks: Mapping[str, Callable[[Any], bool]] = dataclasses.field(default_factory=dict)
+
+    def input_for(self, impl: str, payload: Any, lengths: Sequence[int]) -> Any:
+        return self.own_inputs.get(impl, self.prepare)(payload, lengths)
 
 
 def load_mmengine() -> ModuleType | None:
@@ -197,7 +209,16 @@ def build_ops(mm: ModuleType | None) -> dict[str, Op]:
     }
     for name, extra in (_mmengine_impls(mm) if mm is not None else {}).items():
         impls[name].update(extra)
+    for name, (floor, _) in FLOOR_IMPLS.items():
+        impls[name][FLOOR] = floor
     return {
-        name: Op(name, table, _SAME.get(name, same_objects), _PREPARE.get(name, _as_is))
+        name: Op(
+            name,
+            table,
+            _SAME.get(name, same_objects),
+            _PREPARE.get(name, _as_is),
+            {FLOOR: FLOOR_IMPLS[name][1]} if name in FLOOR_IMPLS else {},
+            {FLOOR: floor_valid} if name in FLOOR_IMPLS else {},
+        )
         for name, table in impls.items()
     }

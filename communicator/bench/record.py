@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from communicator.bench.measured import CaseRun, all_correct
-from communicator.bench.ops import IMPLS, OURS
+from communicator.bench.ops import FLOOR, IMPLS, OURS
 from communicator.bench.run import Plan
-from communicator.bench.targets import evaluate
+from communicator.bench.targets import RAW, evaluate
 
 __all__ = ["to_json"]
 
@@ -27,17 +27,25 @@ def _call_record(run: CaseRun, op: str, impl: str) -> dict[str, Any]:
         "times_ms": [t * 1000 for t in run.timings.seconds[call]],
         "loops": run.timings.loops[call],
         "correct": run.timings.correct[call],
+        # how far each rank's resident memory grew at its peak during the checked call
+        "peak_mib_per_rank": [b / 2**20 for b in run.timings.peak_bytes[call]],
     }
 
 
 def _ratios(run: CaseRun, op: str) -> dict[str, float]:
-    """Each other implementation's median over this library's default."""
+    """Each other implementation's median over this library's default; the floor's the other way
+    round (``ours/floor`` above 1: slower than the floor)."""
     ours = run.median_ms((op, OURS))
     ratios = {}
     for impl in run.impls(op):
         theirs = run.median_ms((op, impl))
-        if impl != OURS and theirs is not None and ours:
+        if impl == FLOOR and theirs and ours is not None:
+            ratios[f"{OURS}/{FLOOR}"] = ours / theirs
+        elif impl != OURS and theirs is not None and ours:
             ratios[f"{impl}/{OURS}"] = theirs / ours
+    raw = run.median_ms(RAW)
+    if op != RAW[0] and raw is not None and ours:
+        ratios[f"{RAW[0]}/{OURS}"] = raw / ours
     return ratios
 
 

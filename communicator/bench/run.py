@@ -51,7 +51,7 @@ def _run_case(context: Context, ops: dict[str, Op], case: Case, plan: Plan) -> C
     payload = case.build(dist.get_rank(), dist.get_world_size(), plan.sizes)
     lengths = _pickled_lengths(payload)
     selected = [ops[name] for name in case.ops]
-    inputs = {op.name: op.prepare(payload, lengths) for op in selected}
+    inputs = {(op.name, impl): op.input_for(impl, payload, lengths) for op in selected for impl in op.impls}
     calls = sum(len(op.impls) for op in selected)
     _progress(
         f"{case.name}: {case.describe}, {max(lengths) / 2**20:.2f} MiB per rank at most; "

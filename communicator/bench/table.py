@@ -5,14 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from communicator.bench.measured import CaseRun
-from communicator.bench.ops import MMENGINE, MMENGINE_GPU, OURS, OURS_SAFE, TORCH
+from communicator.bench.ops import FLOOR, MMENGINE, MMENGINE_GPU, OURS, OURS_SAFE, TORCH
 from communicator.bench.targets import Outcome
 
 __all__ = ["format_errors", "format_table", "format_targets"]
 
-COLUMNS = {OURS: "ours ms", OURS_SAFE: "safe ms", TORCH: "torch ms", MMENGINE: "mmengine ms"}
-# (label, numerator, denominator): above 1 means this library's default is faster, except safe/ours.
-RATIOS = (("torch/ours", TORCH, OURS), ("mmengine/ours", MMENGINE, OURS), ("safe/ours", OURS_SAFE, OURS))
+COLUMNS = {OURS: "ours ms", OURS_SAFE: "safe ms", TORCH: "torch ms", MMENGINE: "mmengine ms", FLOOR: "floor ms"}
+# (label, numerator, denominator): above 1 means this library's default is faster, except
+# safe/ours (above 1: the safe serializer is slower) and ours/floor (above 1: slower than the floor).
+RATIOS = (
+    ("torch/ours", TORCH, OURS),
+    ("mmengine/ours", MMENGINE, OURS),
+    ("ours/floor", OURS, FLOOR),
+    ("safe/ours", OURS_SAFE, OURS),
+)
 # collect_results has two mmengine modes; each gets its own row, the mmengine column showing that mode.
 MMENGINE_MODES = {MMENGINE: "tmpdir", MMENGINE_GPU: "gpu"}
 
@@ -30,13 +36,15 @@ def _ratio(top: float | None, bottom: float | None) -> str:
 def _row(run: CaseRun, label: str, op: str, mmengine_impl: str) -> list[str]:
     """One table row; the mmengine column shows ``mmengine_impl``."""
     shown = {impl: run.median_ms((op, impl if impl != MMENGINE else mmengine_impl)) for impl in COLUMNS}
-    tried = [impl for impl in run.impls(op) if impl in (OURS, OURS_SAFE, TORCH, mmengine_impl)]
+    tried = [impl for impl in run.impls(op) if impl in (OURS, OURS_SAFE, TORCH, FLOOR, mmengine_impl)]
     right = all(run.timings.correct[op, impl] for impl in tried)
+    memory = run.peak_mib((op, OURS if OURS in run.impls(op) else TORCH))
     return [
         run.case,
         label,
         *(_number(value) for value in shown.values()),
         *(_ratio(shown[top], shown[bottom]) for _, top, bottom in RATIOS),
+        _number(memory),
         "yes" if right else "NO",
     ]
 
@@ -54,8 +62,12 @@ def _align(column: int, cell: str, width: int) -> str:
 
 
 def format_table(runs: Sequence[CaseRun]) -> str:
-    """One row per case and op (collect_results: one per mmengine mode); medians in milliseconds."""
-    header = ["case", "op", *COLUMNS.values(), *(label for label, _, _ in RATIOS), "correct"]
+    """One row per case and op (collect_results: one per mmengine mode); medians in milliseconds.
+
+    ``peak MiB``: how far this library's call (torch's on the reference row) grew a rank's resident
+    memory at its peak, the largest over the ranks (measured in the checking pass).
+    """
+    header = ["case", "op", *COLUMNS.values(), *(label for label, _, _ in RATIOS), "peak MiB", "correct"]
     rows = [header, *(row for run in runs for op in run.ops() for row in _rows(run, op))]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(_align(i, cell, widths[i]) for i, cell in enumerate(row)) for row in rows]

@@ -1,7 +1,8 @@
 """Check the implementations of a case once, then time them round robin.
 
 Every rank runs the same calls in the same order. A round's time for a call is the slowest
-rank's, since a collective is done only when every rank is done.
+rank's, since a collective is done only when every rank is done. The checking pass also measures
+each call's peak resident memory on every rank (:mod:`.memory`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from communicator.bench.memory import peak_growth_since, peak_growth_start
 from communicator.bench.ops import Context, Impl, Op
 
 __all__ = ["Call", "Timings", "time_case"]
@@ -32,6 +34,7 @@ class Timings:
     correct: dict[Call, bool]
     errors: dict[Call, str]
     loops: dict[Call, int]  # calls per timed sample
+    peak_bytes: dict[Call, list[int]]  # per rank: how far the resident set grew during the checked call
 
 
 def _slowest(values: Sequence[float]) -> list[float]:
@@ -39,6 +42,14 @@ def _slowest(values: Sequence[float]) -> list[float]:
     tensor = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
     return [float(v) for v in tensor.tolist()]
+
+
+def _per_rank(values: Sequence[int]) -> list[list[int]]:
+    """Each value as every rank has it: ``[call][rank]``."""
+    mine = torch.tensor(values, dtype=torch.int64)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    return [[int(rank[i]) for rank in everyone] for i in range(len(values))]
 
 
 def _on_every_rank(flags: Sequence[bool]) -> list[bool]:
@@ -64,24 +75,31 @@ def _loops(first_seconds: float, min_sample_seconds: float) -> int:
 
 
 def _check_once(
-    context: Context, ops: Sequence[Op], inputs: Mapping[str, Any]
-) -> tuple[dict[Call, bool], dict[Call, str], dict[Call, float]]:
-    """Run every call once, untimed for the report: (right on every rank, why failed, slowest seconds).
+    context: Context, ops: Sequence[Op], inputs: Mapping[Call, Any]
+) -> tuple[dict[Call, bool], dict[Call, str], dict[Call, float], dict[Call, list[int]]]:
+    """Run every call once, untimed for the report: (right on every rank, why failed, slowest
+    seconds, peak memory growth per rank).
 
     Each result is compared with the op's first one after the clock stops; the first is this
-    library's, or if it failed, the next that ran. The pass also warms every path up, and its
-    times only size the later samples.
+    library's, or if it failed, the next that ran (an implementation with a check of its own, the
+    floor, is checked by it instead). The pass also warms every path up, and its times only size
+    the later samples.
     """
     seconds: dict[Call, float] = {}
     correct: dict[Call, bool] = {}
     errors: dict[Call, str] = {}
+    peaks: dict[Call, int] = {}
     for op in ops:
         reference: tuple[Any] | None = None  # a tuple: gathers rightly return None off the destination
         for name, impl in op.impls.items():
-            result, seconds[op.name, name], error = _timed(impl, context, inputs[op.name])
+            start = peak_growth_start()
+            result, seconds[op.name, name], error = _timed(impl, context, inputs[op.name, name])
+            peaks[op.name, name] = peak_growth_since(start)
             if error is not None:
                 errors[op.name, name] = error
                 correct[op.name, name] = False
+            elif name in op.own_checks:
+                correct[op.name, name] = op.own_checks[name](result)
             elif reference is None:
                 reference = (result,)
                 correct[op.name, name] = True
@@ -94,11 +112,12 @@ def _check_once(
         if not ran_everywhere:
             errors.setdefault(call, "failed on another rank")
     agreed = dict(zip(calls, _on_every_rank([correct[call] for call in calls]), strict=True))
-    return agreed, errors, dict(zip(calls, _slowest([seconds[call] for call in calls]), strict=True))
+    slowest = dict(zip(calls, _slowest([seconds[call] for call in calls]), strict=True))
+    return agreed, errors, slowest, dict(zip(calls, _per_rank([peaks[call] for call in calls]), strict=True))
 
 
 def time_case(
-    context: Context, ops: Sequence[Op], inputs: Mapping[str, Any], repeat: int, min_sample_seconds: float
+    context: Context, ops: Sequence[Op], inputs: Mapping[Call, Any], repeat: int, min_sample_seconds: float
 ) -> Timings:
     """Check every call once, then time each ``repeat`` times, round robin.
 
@@ -109,7 +128,7 @@ def time_case(
     implementation always follows the same one (the one before can leave the allocator or the
     sockets warm or cold).
     """
-    correct, errors, first = _check_once(context, ops, inputs)
+    correct, errors, first, peaks = _check_once(context, ops, inputs)
     calls = [call for call in first if call not in errors]
     loops = {call: _loops(first[call], min_sample_seconds) for call in calls}
     seconds: dict[Call, list[float]] = {call: [] for call in calls}
@@ -119,11 +138,11 @@ def time_case(
         order = rounds.sample(calls, len(calls))
         local = []
         for call in order:
-            result, elapsed, error = _timed(impls[call], context, inputs[call[0]], loops[call])
+            result, elapsed, error = _timed(impls[call], context, inputs[call], loops[call])
             if error is not None:
                 raise RuntimeError(f"{call[0]} ({call[1]}) failed after succeeding once: {error}")
             del result  # freed outside the timed region
             local.append(elapsed)
         for call, slowest in zip(order, _slowest(local), strict=True):
             seconds[call].append(slowest)
-    return Timings(seconds, correct, errors, loops)
+    return Timings(seconds, correct, errors, loops, peaks)

@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         if OVERHEAD in args.cases:
             rounds = 5 if args.quick else args.rounds
             rows, recording = run_overhead(args.world_size, rounds, args.timeout)
-            print(("\n" if cases else "") + format_overhead(rows, recording, args.world_size, rounds))
+            print(("\n" if cases else "") + format_overhead(rows, recording, args.world_size, rounds, not args.quick))
             record[OVERHEAD] = {
                 "world_size": args.world_size,
                 "rounds": rounds,

@@ -40,3 +40,14 @@ def test_quick_bench_records_every_call(tmp_path: Path, capsys: pytest.CaptureFi
     assert "torch/ours" in printed
     assert all(case.name in printed for case in CASES)
     assert "MISSED" not in printed and "not judged in a --quick run" in printed
+    overhead = report["overhead"]
+    assert overhead["world_size"] == 2 and overhead["recording_us"] > 0
+    names = [row["name"] for row in overhead["rows"]]
+    assert names[:4] == [
+        "all_reduce, 1 element",
+        "broadcast, 1 element",
+        "barrier",
+        "all_gather, 1 element, same_shape=True",
+    ]
+    assert all(row["baseline_us"] > 0 and row["ours_us"] > 0 for row in overhead["rows"])
+    assert "overhead: world size 2" in printed

@@ -1,0 +1,167 @@
+"""Frames on the wire: streamed in chunks from the codec's pieces, received into exact-size buffers.
+
+A sender never builds its whole frame. :class:`Outgoing` lays the frame out (table, pickle stream,
+aligned out-of-band buffers) and hands it out chunk by chunk: a chunk that lies inside one buffer
+is sent straight from the object's own memory (a large tensor or array is never copied); a chunk
+that spans several pieces is copied into one of two staging buffers of ``chunk`` bytes. So a rank
+needs at most ``2 * chunk`` bytes on top of its own objects to send, whatever their size.
+
+A receiver knows the frame's length and the sender's chunk size from the sender's record; it
+allocates the frame once, at its exact size, and receives every chunk into its place. Decoding
+then makes views of that buffer: nothing is copied again.
+
+:func:`stream` drives the transfers of one step: every receive and every chunk sent in place is
+posted at once; a staged chunk waits until the chunk that used its buffer before has been sent.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Generator, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from communicator.serialization import ALIGN, frame_layout, frame_table
+
+__all__ = ["Chunks", "Moves", "Outgoing", "Pending", "Poster", "chunk_size", "chunks_of", "stream"]
+
+Pending = Callable[[], None]
+Moves = Sequence[tuple[int, np.ndarray]]
+#: Chunks in sending order; :func:`stream` sends each one's transfers back into it once posted.
+Chunks = Generator[np.ndarray, Pending | None, None]
+
+
+class Poster(Protocol):
+    """What streaming needs of a channel: start sends and receives now, finish them later."""
+
+    def post(self, sends: Moves, recvs: Moves) -> Pending:
+        """Start sending ``array`` to ``peer`` for each ``(peer, array)`` of ``sends`` and receiving
+        into those of ``recvs`` (messages between two ranks arrive in the order they were posted);
+        the returned function waits for all of them."""
+        ...
+
+
+def chunk_size(buffer_bytes: int) -> int:
+    """The chunk a sender uses with a staging budget of ``buffer_bytes`` (two chunks in flight)."""
+    return max(ALIGN, buffer_bytes // 2 // ALIGN * ALIGN)
+
+
+def chunks_of(frame: np.ndarray, chunk: int) -> Chunks:
+    """``frame`` cut into the chunks its sender sends (views: receiving into them fills the frame)."""
+    for start in range(0, frame.size, chunk):
+        yield frame[start : start + chunk]
+
+
+class Outgoing:
+    """One rank's frame, as the chunks a sender sends, never built whole (see the module docstring)."""
+
+    __slots__ = ("_ends", "_parts", "_staging", "_starts", "chunk", "nbytes")
+
+    def __init__(self, pieces: Sequence[memoryview], chunk: int) -> None:
+        total, offsets = frame_layout(pieces)
+        arrays = [np.frombuffer(frame_table(pieces), dtype=np.uint8)]
+        arrays += [np.frombuffer(piece.cast("B") if piece.format != "B" else piece, dtype=np.uint8) for piece in pieces]
+        self._parts = arrays
+        self._starts = [0, *offsets]
+        self._ends = [start + array.size for start, array in zip(self._starts, arrays, strict=True)]
+        self.nbytes, self.chunk = total, chunk
+        self._staging: list[np.ndarray] = []
+
+    def build(self) -> np.ndarray:
+        """The whole frame in one new array (for frames small enough to travel inline)."""
+        out = np.empty(self.nbytes, dtype=np.uint8)
+        self._fill(out, 0)
+        return out
+
+    def chunks(self) -> Chunks:
+        """The frame's chunks in order. A staged chunk reuses the buffer of the staged chunk two
+        before it: the generator is sent the transfers each chunk went out in (as :func:`stream`
+        does) and finishes those of a buffer before it fills it again."""
+        sending: list[Pending | None] = [None, None]  # what each staging buffer is being sent in
+        staged_count = 0
+        for start in range(0, self.nbytes, self.chunk):
+            stop = min(start + self.chunk, self.nbytes)
+            part = bisect.bisect_right(self._starts, start) - 1
+            array = self._parts[part]
+            if stop <= self._ends[part] and array.flags.writeable:  # inside one piece: send it in place
+                offset = start - self._starts[part]
+                yield array[offset : offset + stop - start]
+                continue
+            slot = staged_count % 2
+            staged_count += 1
+            if len(self._staging) <= slot:
+                self._staging.append(np.empty(min(self.chunk, self.nbytes), dtype=np.uint8))
+            earlier = sending[slot]
+            if earlier is not None:
+                earlier()
+            staged = self._staging[slot][: stop - start]
+            self._fill(staged, start)
+            sending[slot] = yield staged
+
+    def _fill(self, out: np.ndarray, start: int) -> None:
+        """Copy the frame's bytes ``start .. start + out.size`` into ``out`` (padding as zeros)."""
+        stop = start + out.size
+        part = bisect.bisect_right(self._starts, start) - 1
+        position = start
+        while position < stop:
+            begin, end = self._starts[part], self._ends[part]
+            if position >= end:
+                part += 1
+                continue
+            if position < begin:  # alignment padding before this piece
+                count = min(stop, begin) - position
+                out[position - start : position - start + count] = 0
+            else:
+                count = min(stop, end) - position
+                source = self._parts[part][position - begin : position - begin + count]
+                out[position - start : position - start + count] = source
+            position += count
+
+
+def stream(
+    channel: Poster,
+    sends: Sequence[tuple[Sequence[int], Chunks]],
+    recvs: Sequence[tuple[int, Chunks]],
+) -> None:
+    """Send and receive streams of chunks, and wait until all are done.
+
+    ``sends``: (peers, chunks): each chunk goes to every peer; ``recvs``: (peer, chunks) to fill.
+    Every receive is posted at once (they fill their frames in place, so the senders never wait
+    on this rank's pace); so is every send of a chunk sent in place. A staged chunk waits, inside
+    :meth:`Outgoing.chunks`, for the transfers of the chunk that used its buffer before.
+    """
+    if not sends and not recvs:
+        return
+    into = [(peer, chunk) for peer, chunks in recvs for chunk in chunks]
+    posted = [_once(channel.post([], into))] if into else []
+    streams = [(peers, chunks, next(chunks, None)) for peers, chunks in sends]
+    while streams:
+        done = _once(
+            channel.post([(peer, chunk) for peers, _, chunk in streams if chunk is not None for peer in peers], [])
+        )
+        posted.append(done)
+        streams = [(peers, chunks, _following(chunks, done)) for peers, chunks, chunk in streams if chunk is not None]
+        streams = [stream for stream in streams if stream[2] is not None]
+    for done in posted:
+        done()
+
+
+def _following(chunks: Chunks, done: Pending) -> np.ndarray | None:
+    try:
+        return chunks.send(done)
+    except StopIteration:
+        return None
+
+
+def _once(pending: Pending) -> Pending:
+    """``pending`` that waits the first time it is called and returns at once after."""
+    waited = False
+
+    def wait() -> None:
+        nonlocal waited
+        if not waited:
+            waited = True
+            pending()
+
+    return wait
