@@ -279,7 +279,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
     def _await(self, works: Sequence[Work], timeout: float | None = None) -> None:
         """``_wait``, its time counted as the running operation's wait (see :mod:`communicator.stats`)."""
         event = self._calls.event
-        if event is None:
+        if event is None or not CallState.observers:  # waits are timed for statistics and hooks
             return self._wait(works, timeout)
         started = time.perf_counter()
         try:
@@ -347,7 +347,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         if self._port is None:
             receive = self.device if self.device.type != "cpu" else None
             self._port = protocol.Port(self._object_channel(), self._codec, receive, self.config.object_buffer_bytes)
-        self._port.event = self._calls.event
+        self._port.event = self._calls.event if CallState.observers else None  # as _await's timing
         return self._port
 
     def _compare_fingerprints(self, op: str, arguments: Mapping[str, Any], site: str) -> None:
@@ -400,8 +400,8 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
             work = self._launch_into(staged, self._all_reduce, wire_op)
         else:
             work = self._launch_into(staged, self._reduce, dst, wire_op)
-        world, receives = self.world_size, dst is None or self.rank == dst
-        self._calls.count(0 if dst == self.rank else tensor.nbytes, tensor.nbytes if receives else 0, tensor.nbytes)
+        world, receives, n = self.world_size, dst is None or self.rank == dst, tensor.nbytes
+        self._calls.count(0 if dst == self.rank else n, n if receives else 0, n)
 
         def finish() -> Tensor:
             if name == "mean" and (receives or exact):
@@ -481,8 +481,9 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         tensor = check_tensor("tensor", tensor)
         staged = self._stage(tensor)
         work = self._launch_into(staged, self._broadcast, check_rank("src", src, self.world_size))
-        mine = src == self.rank
-        self._calls.count(tensor.nbytes if mine else 0, 0 if mine else tensor.nbytes, tensor.nbytes)
+        n = tensor.nbytes
+        sent = n if src == self.rank else 0
+        self._calls.count(sent, n - sent, n)
 
         def finish() -> Tensor:
             write_back(tensor, staged)

@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 from typing import ParamSpec, Protocol, TypeVar
 
 from communicator.config import Timeout, seconds
-from communicator.errors import RemoteError, RemoteFailure
+from communicator.errors import CollectiveMismatchError, RemoteError, RemoteFailure
 from communicator.guard import collective
-from communicator.objects import Port, check_records, empty_record
+from communicator.objects import EMPTY, Port, check_records, empty_record
 from communicator.seeds import draw_seed, rng_digest
 
 __all__ = ["Coordinated", "Coordination"]
@@ -120,7 +120,14 @@ class Coordination:
     @collective(name="fail_together")
     def _leave_together(self: Coordinated, name: str) -> None:
         """The end of a ``fail_together`` block: every rank says it succeeded, or names its failure."""
-        check_records(self._objects().channel.all_gather(empty_record()), None, name)
+        records = check_records(self._objects().channel.all_gather(empty_record()), None, name)
+        others = {
+            r: "sent an object (it is in an object collective)" for r, rec in enumerate(records) if rec.kind != EMPTY
+        }
+        if others:
+            raise CollectiveMismatchError(
+                {**others, self.rank: f"the end of fail_together({name!r})"}, "ranks are in different collectives"
+            )
 
     @contextlib.contextmanager
     def wait_for_main(self: Coordinated, timeout: Timeout | None = None) -> Iterator[bool]:

@@ -31,13 +31,14 @@ import torch
 
 from communicator.arguments import TRANSFER_TAG
 from communicator.config import DEFAULT_OBJECT_BUFFER_BYTES
-from communicator.errors import RemoteError, RemoteFailure
+from communicator.errors import CollectiveMismatchError, RemoteError, RemoteFailure
 from communicator.events import Event
 from communicator.serialization import Codec, receive_device, unpack_frame
 from communicator.transfer import Chunks, Moves, Outgoing, Pending, chunk_size, chunks_of, stream
 
 __all__ = [
     "DEFAULT_BUFFER_BYTES",
+    "EMPTY",
     "RECORD_BYTES",
     "Channel",
     "Port",
@@ -258,6 +259,11 @@ class Port:
         return frame, record, None
 
     def decode(self, data: memoryview, sender: int) -> Any:
+        if not data.nbytes:  # an encoded object is never empty: the sender is in another collective
+            raise CollectiveMismatchError(
+                {sender: "sent no object (it is in another collective, such as the end of a fail_together block)"},
+                "an object collective met a rank that is not in it",
+            )
         started = time.perf_counter()
         token = receive_device.set(self.device)
         try:

@@ -32,6 +32,8 @@ _BITWISE = ("band", "bor", "bxor")
 
 def parse_op(op: object) -> str:
     """The canonical name of ``op`` (a case-insensitive string or a ``torch.distributed.ReduceOp``)."""
+    if type(op) is str and op in REDUCE_OPS:  # the common spelling, at once
+        return op
     if isinstance(op, (dist.ReduceOp, dist.ReduceOp.RedOpType)):
         op = str(op).rsplit(".", 1)[-1]
     if isinstance(op, str):

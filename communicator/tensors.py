@@ -13,7 +13,7 @@ __all__ = ["editing", "stage", "write_back"]
 
 def stage(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``tensor`` as the backend needs it: contiguous and on ``device`` (the tensor itself when it is)."""
-    if tensor.device != device:
+    if not (tensor.is_cpu and device.type == "cpu") and tensor.device != device:
         with editing(tensor):
             return tensor.to(device).contiguous()
     if tensor.is_contiguous():

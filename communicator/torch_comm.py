@@ -294,7 +294,7 @@ class TorchComm(Communicator):
 
     @override
     def _wait(self, works: Sequence[Work], timeout: float | None = None) -> None:
-        flat = [part for work in works for part in (work.works if isinstance(work, _Together) else (work,))]
+        flat = works if len(works) == 1 and not isinstance(works[0], _Together) else _flat(works)
         try:
             calls = self._calls
             faults.wait(
@@ -420,6 +420,10 @@ class TorchComm(Communicator):
             if self._owned is not None:
                 self._owned.environment.restore()
             self._board.release()
+
+
+def _flat(works: Sequence[Work]) -> list[Work]:
+    return [part for work in works for part in (work.works if isinstance(work, _Together) else (work,))]
 
 
 class _Together:

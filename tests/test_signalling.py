@@ -101,3 +101,23 @@ def wide_dict_in_debug_mode(comm: Communicator) -> int:
 
 def test_debug_fingerprints_of_any_size_compare_equal() -> None:
     assert run_ranks(wide_dict_in_debug_mode, 2, cfg={"debug": True}, timeout=60) == [120, 120]
+
+
+def leaves_fail_together_while_another_gathers(comm: Communicator) -> str:
+    from communicator import CollectiveMismatchError
+
+    try:
+        if comm.rank == 0:
+            with comm.fail_together("step"):
+                pass  # its end is one small collective
+        else:
+            comm.all_gather_object({"rank": comm.rank})
+    except CollectiveMismatchError as error:
+        return str(error).splitlines()[0]
+    return "no error"
+
+
+def test_the_end_of_fail_together_against_an_object_collective_is_a_mismatch_on_both_sides() -> None:
+    results = run_ranks(leaves_fail_together_while_another_gathers, 2, cfg=PATIENT, timeout=60)
+    assert results[0].startswith("ranks are in different collectives")
+    assert results[1].startswith("an object collective met a rank that is not in it")

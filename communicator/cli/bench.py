@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="CASE",
         help=f"cases to run (default all: {' '.join(CASE_NAMES)} {OVERHEAD})",
     )
-    parser.add_argument("--rounds", type=_at_least(1), default=41, help="rounds of the overhead case (default 41)")
+    parser.add_argument("--rounds", type=_at_least(1), default=101, help="rounds of the overhead case (default 101)")
     parser.add_argument("--json", metavar="PATH", help="also write every median, raw time, check and target here")
     parser.add_argument("--quick", action="store_true", help="small payloads, 2 rounds, single calls: a smoke test")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped")
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
                 "world_size": args.world_size,
                 "rounds": rounds,
                 "recording_us": recording,
-                "rows": [{**dataclasses.asdict(row), "ratio": row.ratio, "met": row.met} for row in rows],
+                "rows": [{**dataclasses.asdict(row), "met": row.met} for row in rows],
             }
     except CommError as error:
         print(f"communicator bench: the ranks failed: {_first_failure(error)}", file=sys.stderr)
