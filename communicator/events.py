@@ -52,19 +52,27 @@ class Event:
     ``serialize``, ``deserialize`` (seconds), ``sent``, ``received``, ``size`` (bytes).
     """
 
-    __slots__ = ("_clock", "_frame", "_home", "_site", "deserialize", "dtypes", "duration", "error", "op", "p2p",
-                 "received", "sent", "seq", "serialize", "shapes", "size", "state", "wait")  # fmt: skip
+    # What a call has not set yet reads from the class: creating an event, on every call, sets five fields.
+    shapes: tuple[torch.Size, ...] = ()
+    dtypes: tuple[torch.dtype, ...] = ()
+    state = "running"
+    error: str | None = None
+    duration = wait = serialize = deserialize = 0.0
+    sent = received = size = 0
+    _site: tuple[str, int] | None = None
 
-    def __init__(self, op: str, p2p: bool, seq: int, home: tuple[str, int, int], frame: Any) -> None:
+    def __init__(
+        self,
+        op: str,
+        p2p: bool,
+        seq: int,
+        home: tuple[str, int, int],
+        frame: Any,
+        shapes: tuple[torch.Size, ...] = (),
+        dtypes: tuple[torch.dtype, ...] = (),
+    ) -> None:
         self.op, self.p2p, self.seq, self._home, self._frame = op, p2p, seq, home, frame  # the frame: while it runs
-        self.shapes: tuple[torch.Size, ...] = ()
-        self.dtypes: tuple[torch.dtype, ...] = ()
-        self.state = "running"
-        self.error: str | None = None
-        self.duration = self.wait = self.serialize = self.deserialize = 0.0
-        self.sent = self.received = self.size = 0
-        self._site: tuple[str, int] | None = None
-        self._clock = time.perf_counter()
+        self.shapes, self.dtypes, self._clock = shapes, dtypes, time.perf_counter()
 
     @property
     def group(self) -> str:

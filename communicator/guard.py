@@ -122,15 +122,16 @@ class CallState:
         self.home: tuple[str, int, int] = ("", 0, 0)  # its (group, rank, size), once an operation has asked
 
     def start(self, spec: Spec, comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Event:
-        if not self.home[2]:  # a communicator's name, rank and size never change: asked once
-            self.home = (self.group, comm.rank, comm.world_size)
-        event = Event(spec.name, spec.p2p, self.seq, self.home, sys._getframe(2))  # the guard's caller
+        home = self.home
+        if not home[2]:  # a communicator's name, rank and size never change: asked once
+            home = self.home = (self.group, comm.rank, comm.world_size)
         payload = spec.payload
-        if payload is not None:
-            value = args[payload[0]] if len(args) > payload[0] else kwargs.get(payload[1])
-            if isinstance(value, torch.Tensor):  # the common case, kept cheap
-                event.shapes, event.dtypes = (value.shape,), (value.dtype,)
-            elif isinstance(value, (list, tuple)):
+        value = None if payload is None else args[payload[0]] if len(args) > payload[0] else kwargs.get(payload[1])
+        if isinstance(value, torch.Tensor):  # the common case, kept cheap
+            event = Event(spec.name, spec.p2p, self.seq, home, sys._getframe(2), (value.shape,), (value.dtype,))
+        else:  # the frame: the guard's caller
+            event = Event(spec.name, spec.p2p, self.seq, home, sys._getframe(2))
+            if isinstance(value, (list, tuple)):
                 tensors = [t for t in value if isinstance(t, torch.Tensor)]
                 event.shapes, event.dtypes = tuple([t.shape for t in tensors]), tuple([t.dtype for t in tensors])
         self.event = event

@@ -122,7 +122,9 @@ def _overhead_rank(comm: Communicator, rounds: int) -> tuple[list[OverheadRow], 
         for name, baseline, theirs, ours, target in pairs
     ]
     counted.close()
-    return rows, _recording_us(comm)
+    recording = _recording_us(comm) if comm.rank == 0 else 0.0  # the other ranks wait, off the cores
+    comm.barrier()
+    return rows, recording
 
 
 def run_overhead(world_size: int, rounds: int, timeout: float) -> tuple[list[OverheadRow], float]:

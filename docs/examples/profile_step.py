@@ -67,7 +67,7 @@ def timeline(events: list[dict[str, Any]]) -> str:
         colour = "#e4572e" if ours else ("#4c78a8" if event["name"].startswith("step") else "#b8c4d6")
         label = html.escape(event["name"]) if width > 6.2 * len(event["name"]) else ""
         bars.append(
-            f'<g><title>{html.escape(event["name"])}: {event["dur"]:.0f} us</title>'
+            f"<g><title>{html.escape(event['name'])}: {event['dur']:.0f} us</title>"
             f'<rect x="{x:.1f}" y="{TOP + depth * ROW}" width="{width:.1f}" height="{ROW - 3}" fill="{colour}"/>'
             f'<text x="{x + 3:.1f}" y="{TOP + depth * ROW + 17}">{label}</text></g>'
         )
@@ -78,9 +78,7 @@ def timeline(events: list[dict[str, Any]]) -> str:
         "<style>body{margin:20px;font:13px sans-serif}text{font-size:12px;fill:#111}</style>"
         f"<svg width='{WIDTH}' height='{height}'>"
         f"<text x='0' y='20' style='font-size:15px'>rank 0, the last of {STEPS} steps ({total_ms:.1f} ms): "
-        "communicator ranges in red</text>"
-        + "".join(bars)
-        + "</svg>"
+        "communicator ranges in red</text>" + "".join(bars) + "</svg>"
     )
 
 
