@@ -835,7 +835,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
             # one process: the same values (integer means as floats)
             ```
         """
-        return dicts.all_reduce_dict(self, self._objects().channel, data, op)
+        return dicts.all_reduce_dict(self, self._objects().channel, data, op, self._calls.count)
 
     @collective("dst", "order")
     def collect_results(

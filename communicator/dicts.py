@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -165,9 +165,17 @@ def _nest(pairs: list[tuple[Path, Any]], template: Mapping[Any, Any]) -> dict[An
 
 
 def all_reduce_dict(
-    comm: Reducer, channel: Channel, data: Mapping[Any, Any], op: ReduceOpLike = "sum"
+    comm: Reducer,
+    channel: Channel,
+    data: Mapping[Any, Any],
+    op: ReduceOpLike,
+    count: Callable[[int, int, int], None],
 ) -> dict[Any, Any]:
-    """``data`` reduced across ``comm``'s ranks; ``channel`` carries the records (see the module docstring)."""
+    """``data`` reduced across ``comm``'s ranks; ``channel`` carries the records (see the module docstring).
+
+    ``count(sent, received, size)`` is told the bytes of values that travel inline, as an
+    ``all_reduce`` of them would count them (larger buckets count in their ``all_reduce``).
+    """
     name = parse_op(op)
     if not isinstance(data, Mapping):
         raise TypeError(f"all_reduce_dict needs a dict, got {type(data).__name__}")
@@ -196,6 +204,9 @@ def all_reduce_dict(
     rows = channel.all_gather(record)
     if any(bytes(row[:16]) != digest for row in rows):
         raise _mismatch(comm.all_gather_object(signature))
+    if inline:
+        values = sum(flat.numel() * flat.element_size() for flat in flats)
+        count(values, values, values)
 
     world = comm.world_size
     reduced: list[tuple[Path, Any]] = []

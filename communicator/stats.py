@@ -17,14 +17,15 @@ What each column means, per rank:
   tensor and receive the others'; scatter's ``src`` sends the others' parts; reduce_scatter
   sends the parts for the others and receives its own; all_to_all sends and receives the parts
   of the others; send/recv the tensor. The records that describe shapes are not counted; in a
-  world of one nothing is sent or received. For an object operation: the bytes of the objects
-  this rank encoded and decoded;
+  world of one nothing is sent or received. all_reduce_dict counts its values as all_reduce
+  counts a tensor. For an object operation: the bytes of the objects this rank encoded and
+  decoded;
 - ``algbw``: ``size`` over ``time``, and ``busbw`` that times a factor of the world size, as
-  NCCL's performance tests define them: ``2(n-1)/n`` for all_reduce, ``(n-1)/n`` for
-  all_gather, gather, scatter, reduce_scatter and all_to_all, ``1`` for broadcast, reduce and
-  point-to-point. ``size`` is the tensor's bytes for all_reduce, broadcast, reduce and
-  point-to-point, and all the data for the others (off scatter's ``src``, which sees only its
-  own part: that times the world size). Object operations have no bandwidth.
+  NCCL's performance tests define them: ``2(n-1)/n`` for all_reduce and all_reduce_dict,
+  ``(n-1)/n`` for all_gather, gather, scatter, reduce_scatter and all_to_all, ``1`` for
+  broadcast, reduce and point-to-point. ``size`` is the tensor's bytes for all_reduce,
+  broadcast, reduce and point-to-point, and all the data for the others (off scatter's ``src``,
+  which sees only its own part: that times the world size). Object operations have no bandwidth.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ __all__ = ["BUS_FACTORS", "Row", "Statistics"]
 
 #: The bus bandwidth factor of each tensor operation, a function of the world size.
 BUS_FACTORS: dict[str, Callable[[int], float]] = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
+    **dict.fromkeys(("all_reduce", "all_reduce_dict"), lambda n: 2 * (n - 1) / n),
     **dict.fromkeys(("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"), lambda n: (n - 1) / n),
     **dict.fromkeys(("broadcast", "reduce", "send", "recv", "isend", "irecv"), lambda n: 1.0),
 }

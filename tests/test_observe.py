@@ -17,6 +17,7 @@ from communicator.stats import Statistics
 pytestmark = pytest.mark.world_size(1, 2, 3, 4)
 
 F32, F64, I64 = 4, 8, 8  # bytes per element
+DICTS = 3 * F32 + I64 + 4000 * F32  # the values of the two all_reduce_dict calls
 
 
 def known_sequence(comm: Communicator) -> dict[str, dict[str, Any]]:
@@ -31,6 +32,8 @@ def known_sequence(comm: Communicator) -> dict[str, dict[str, Any]]:
     comm.scatter([torch.ones(3) for _ in range(world)] if rank == 0 else None, src=0)
     comm.reduce_scatter([torch.ones(6) for _ in range(world)])
     comm.all_to_all([torch.ones(7, dtype=torch.float64) for _ in range(world)])
+    comm.all_reduce_dict({"loss": torch.ones(3), "n": 2})  # small: the values travel in the keys' record
+    comm.all_reduce_dict({"big": torch.ones(4000)})  # large: one all_reduce of the values
     if world > 1 and rank in (0, 1):
         if rank == 0:
             comm.send(torch.ones(9), dst=1)
@@ -58,6 +61,7 @@ def expected_rows(rank: int, world: int) -> dict[str, tuple[int, int, int, int]]
         "scatter": (1, 3 * F32 * (world - 1) if rank == 0 else 0, 0 if rank == 0 else 3 * F32, 3 * F32 * world),
         "reduce_scatter": (1, 6 * F32 * (world - 1), 6 * F32, 6 * F32 * world),
         "all_to_all": (1, 7 * F64 * (world - 1), 7 * F64 * (world - 1), 7 * F64 * world),
+        "all_reduce_dict": (2, DICTS, DICTS, DICTS),
         "barrier": (1, 0, 0, 0),
     }
     if not moves:  # in a world of one nothing is sent or received
