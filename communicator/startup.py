@@ -7,8 +7,10 @@ the layout, why, the environment it set, and whether this process serves the ren
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -106,6 +108,13 @@ def start(config: CommConfig, env: LauncherEnv) -> Started:
                 backend, init_method=where, rank=env.rank, world_size=env.world_size, timeout=config.timeout
             )
             hosts_store = env.rank == 0 and not where.startswith("file:")
+        topology, placement = env.topology(), ""
+        if not env.places_nodes and env.world_size > 1:
+            placed = _placed_by_host(env)
+            if placed is not None:
+                topology, placement = placed, "; nodes placed by host name"
+                environment.update(topology.env_updates())
+        reason = f"{env.explain(topology)}; initialised {backend} at {where}{placement}"
     except BaseException as error:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -115,4 +124,21 @@ def start(config: CommConfig, env: LauncherEnv) -> Started:
         raise CommError(
             f"could not start the {backend} group at {where} (rank {env.rank} of {env.world_size}): {error}"
         ) from error
-    return Started(env.topology(), f"{env.explain()}; initialised {backend} at {where}", environment, hosts_store)
+    return Started(topology, reason, environment, hosts_store)
+
+
+def _placed_by_host(env: LauncherEnv) -> Topology | None:
+    """The layout the ranks' host names give, when it agrees with every rank's local size as the
+    launcher states it (else ``None``: the launcher's layout stands). Exchanged through the group's
+    store, not a collective: under NCCL nothing touches a GPU."""
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"communicator/host/{env.rank}", f"{env.local_size} {socket.gethostname()}")
+    entries = [
+        entry.decode().split(" ", 1)
+        for entry in store.multi_get([f"communicator/host/{r}" for r in range(env.world_size)])
+    ]
+    hosts = [host for _, host in entries]
+    ranks_on = collections.Counter(hosts)
+    if any(ranks_on[host] != int(size) for size, host in entries):  # nodes the variables describe on one host
+        return None
+    return Topology.from_hosts(env.rank, hosts)

@@ -138,6 +138,12 @@ class LauncherEnv(abc.ABC):
         """Port of the rendezvous store: the configured one, else what the environment implies."""
         return self._master_port_with_origin()[0]
 
+    @property
+    def places_nodes(self) -> bool:
+        """Whether the launcher says which node each rank is on; where it does not, the ranks' host
+        names decide, once the group exists (see :func:`communicator.startup.start`)."""
+        return True
+
     def topology(self) -> Topology:
         """Where this process sits in the job, as the launcher says."""
         return Topology(self.local_rank, self.local_size, self.node_rank, self.num_nodes)
@@ -152,22 +158,21 @@ class LauncherEnv(abc.ABC):
         return {
             "RANK": str(self.rank),
             "WORLD_SIZE": str(self.world_size),
-            "LOCAL_RANK": str(self.local_rank),
-            "LOCAL_WORLD_SIZE": str(self.local_size),
-            "GROUP_RANK": str(self.node_rank),
-            "GROUP_WORLD_SIZE": str(self.num_nodes),
+            **self.topology().env_updates(),
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
         }
 
-    def explain(self) -> str:
-        """One line saying what this launcher reports and where the rendezvous address came from."""
+    def explain(self, layout: Topology | None = None) -> str:
+        """One line saying what this launcher reports (with ``layout`` in place of its own, once the
+        ranks' host names decided it) and where the rendezvous address came from."""
         addr, addr_origin = self._master_addr_with_origin()
         port, port_origin = self._master_port_with_origin()
+        at = layout or self.topology()
         return (
             f"{self.name}: rank {self.rank} of {self.world_size}, "
-            f"local rank {self.local_rank} of {self.local_size}, "
-            f"node {self.node_rank} of {self.num_nodes}, "
+            f"local rank {at.local_rank} of {at.local_size}, "
+            f"node {at.node_rank} of {at.num_nodes}, "
             f"master {addr}:{port} (host: {addr_origin}; port: {port_origin})"
         )
 

@@ -38,10 +38,10 @@ class MPIEnv(LauncherEnv):
     """An MPI implementation's rank variables; subclasses only name them.
 
     MPI gives no node index: when ``srun`` started every rank (see ``_srun_task``) the node and any
-    missing local values come from Slurm; otherwise ``node_rank`` is ``rank // local_size`` (ranks
-    placed on nodes in blocks, mpirun's default). Without local variables and outside srun, the job
-    is taken to be one node, ``local_rank = rank`` and ``local_size = world_size``, the only layout
-    that needs no further information.
+    missing local values come from Slurm. Otherwise the variables alone say ``node_rank = rank //
+    local_size`` (placement in blocks, mpirun's default), which the master-host check uses before
+    the rendezvous; once the group exists, the ranks' host names decide the layout
+    (``places_nodes`` is false), so that ``mpirun --map-by node`` is placed right too.
     """
 
     rank_variable: ClassVar[str]
@@ -105,6 +105,11 @@ class MPIEnv(LauncherEnv):
     def num_nodes(self) -> int:
         srun = self._srun_task()
         return self._nodes_from_world() if srun is None else srun.num_nodes
+
+    @property
+    @override
+    def places_nodes(self) -> bool:
+        return self._srun_task() is not None
 
     def _srun_task(self) -> SlurmEnv | None:
         """Slurm's view of this process when srun started every rank itself (``srun --mpi=pmi2``

@@ -17,6 +17,7 @@ from communicator.launchers import (
     MVAPICHEnv,
     OpenMPIEnv,
     SlurmEnv,
+    Topology,
     TorchrunEnv,
     describe_environment,
     detect_launcher,
@@ -686,3 +687,25 @@ def test_a_master_address_that_is_no_host_is_a_config_error(addr: str) -> None:
         detect_launcher("auto", environ)
     with pytest.raises(ConfigError, match="master_addr"):
         detect_launcher("auto", {**environ, "MASTER_ADDR": "ok"}, master_addr=addr)
+
+
+@pytest.mark.parametrize(
+    ("hosts", "layouts"),
+    [
+        (["a", "a", "b", "b"], [(0, 2, 0, 2), (1, 2, 0, 2), (0, 2, 1, 2), (1, 2, 1, 2)]),  # blocks
+        (["a", "b", "a", "b"], [(0, 2, 0, 2), (0, 2, 1, 2), (1, 2, 0, 2), (1, 2, 1, 2)]),  # round-robin
+        (["b", "a", "a"], [(0, 1, 0, 2), (0, 2, 1, 2), (1, 2, 1, 2)]),  # nodes in the order of their lowest rank
+        (["a"], [(0, 1, 0, 1)]),
+    ],
+)
+def test_layout_from_host_names(hosts: list[str], layouts: list[tuple[int, int, int, int]]) -> None:
+    for rank, layout in enumerate(layouts):
+        assert Topology.from_hosts(rank, hosts) == Topology(*layout)
+
+
+def test_every_launcher_but_mpi_outside_slurm_places_its_nodes() -> None:
+    torchrun = detect_launcher("auto", environ={"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    mpi = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "MASTER_ADDR": "h"}
+    assert torchrun is not None and torchrun.places_nodes
+    placed = detect_launcher("auto", environ=mpi)
+    assert placed is not None and not placed.places_nodes

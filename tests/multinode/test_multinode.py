@@ -182,11 +182,6 @@ def test_openmpi_two_nodes(network: Network) -> None:
     assert [line[1] for line in found] == ["mnode01", "mnode01", "mnode02", "mnode02"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="MPI gives no node index: node_rank is rank // local_size (placement in blocks), so round-robin "
-    "placement puts ranks of different hosts in one local_comm",
-)
 def test_openmpi_round_robin_placement(network: Network) -> None:
     command = mpirun(network, job_args(network, "openmpi"), "--map-by", "node")
     finished = run_on(network, command, clean_environ(OPENMPI_SETTINGS), RUN_TIMEOUT)
