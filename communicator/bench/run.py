@@ -33,6 +33,7 @@ class Plan:
     cases: tuple[str, ...]
     sizes: Sizes
     min_sample_seconds: float  # shorter calls are repeated within a sample
+    stats: bool = False  # this library's communicator gathers statistics (``comm.stats()``)
 
 
 def _progress(message: str) -> None:
@@ -61,7 +62,7 @@ def _run_case(context: Context, ops: dict[str, Op], case: Case, plan: Plan) -> C
     return CaseRun(case.name, case.describe, lengths, timings)
 
 
-def _bench_rank(comm: Communicator, plan: Plan, scratch: str) -> list[CaseRun] | None:
+def _bench_rank(comm: Communicator, plan: Plan, scratch: str) -> tuple[list[CaseRun], str | None] | None:
     ops = build_ops(load_mmengine())
     runs = []
     with Communicator.create({"backend": "gloo", "serializer": "safe"}) as safe:
@@ -70,15 +71,17 @@ def _bench_rank(comm: Communicator, plan: Plan, scratch: str) -> list[CaseRun] |
             if case.name in plan.cases:
                 runs.append(_run_case(context, ops, case, plan))
                 gc.collect()  # the last case's payloads and results go before the next is built
-    return runs if comm.rank == 0 else None
+    return (runs, comm.stats().table() if plan.stats else None) if comm.rank == 0 else None
 
 
-def run_benchmark(plan: Plan, timeout: float) -> list[CaseRun]:
-    """Run the plan on ``plan.world_size`` local gloo ranks; rank 0's report of every case."""
+def run_benchmark(plan: Plan, timeout: float) -> tuple[list[CaseRun], str | None]:
+    """Run the plan on ``plan.world_size`` local gloo ranks: rank 0's report of every case, and its
+    statistics table when the plan asks for statistics."""
     scratch = tempfile.mkdtemp(prefix="communicator-bench-")
     try:
-        results = launch(_bench_rank, plan.world_size, {"backend": "gloo"}, (plan, scratch), timeout=timeout)
+        config = {"backend": "gloo", "stats": plan.stats}
+        results = launch(_bench_rank, plan.world_size, config, (plan, scratch), timeout=timeout)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    runs: list[CaseRun] = results[0]
-    return runs
+    report: tuple[list[CaseRun], str | None] = results[0]
+    return report

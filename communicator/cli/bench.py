@@ -59,6 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="also write every median, raw time, check and target here")
     parser.add_argument("--quick", action="store_true", help="small payloads, 2 rounds, single calls: a smoke test")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped")
+    parser.add_argument(
+        "--stats",
+        action="store_true",
+        help="print rank 0's statistics of this library's calls in the cases (comm.stats(); not the overhead case)",
+    )
 
 
 def _print_report(runs: Sequence[CaseRun], quick: bool) -> None:
@@ -86,15 +91,22 @@ def run(args: argparse.Namespace) -> int:
     repeat = args.repeat or (QUICK_REPEAT if args.quick else DEFAULT_REPEAT)
     cases = tuple(name for name in CASE_NAMES if name in args.cases)
     plan = Plan(
-        args.world_size, repeat, cases, QUICK if args.quick else FULL, 0.0 if args.quick else MIN_SAMPLE_SECONDS
+        args.world_size,
+        repeat,
+        cases,
+        QUICK if args.quick else FULL,
+        0.0 if args.quick else MIN_SAMPLE_SECONDS,
+        args.stats,
     )
     record: dict[str, object] = {}
     runs: list[CaseRun] = []
     try:
         if cases:
-            runs = run_benchmark(plan, args.timeout)
+            runs, statistics = run_benchmark(plan, args.timeout)
             print(f"world size {plan.world_size}, median of {plan.repeat} rounds, slowest rank per round")
             _print_report(runs, args.quick)
+            if statistics is not None:
+                print(f"\nrank 0's operations in the cases, every call (comm.stats())\n{statistics}")
             record = to_json(plan, runs, args.quick)
         if OVERHEAD in args.cases:
             rounds = 5 if args.quick else args.rounds

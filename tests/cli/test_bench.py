@@ -51,3 +51,16 @@ def test_quick_bench_records_every_call(tmp_path: Path, capsys: pytest.CaptureFi
     ]
     assert all(row["baseline_us"] > 0 and row["ours_us"] > 0 for row in overhead["rows"])
     assert "overhead: world size 2" in printed
+
+
+@pytest.mark.timeout(120)
+def test_bench_prints_the_library_s_own_statistics(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["bench", "--quick", "--world-size", "2", "--cases", "small", "dict100", "--stats"])
+
+    assert code == 0
+    printed = capsys.readouterr().out
+    table = printed.split("rank 0's operations in the cases, every call (comm.stats())\n", 1)[1]
+    rows = {line.split()[1]: line.split() for line in table.splitlines()[1:] if line.strip()}
+    # small: three object ops; dict100: all_reduce_dict; each checked once, then 2 timed rounds of single calls
+    for op in ("all_gather_object", "gather_object", "broadcast_object", "all_reduce_dict"):
+        assert int(rows[op][2]) == 3, rows[op]
