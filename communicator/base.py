@@ -278,8 +278,8 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
 
     def _await(self, works: Sequence[Work], timeout: float | None = None) -> None:
         """``_wait``, its time counted as the running operation's wait (see :mod:`communicator.stats`)."""
-        event = self._calls.event
-        if event is None or not CallState.observers:  # waits are timed for statistics and hooks
+        event = self._calls.event if CallState.observers else None  # waits are timed for statistics and hooks
+        if event is None:
             return self._wait(works, timeout)
         started = time.perf_counter()
         try:

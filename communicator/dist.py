@@ -115,8 +115,9 @@ def infer_launcher() -> str:
 def init_dist(launcher: str, backend: str = "nccl", init_backend: str = "torch", **kwargs: Any) -> None:
     """Start the job's process group and open a communicator that later calls use.
 
-    The communicator stays open (and active) until :func:`close_dist`, which runs a barrier,
-    destroys the process group and restores the environment variables it set (``RANK``,
+    The communicator stays open (and active) until :func:`close_dist`, which posts that this rank
+    closed, waits (on the rank serving the store) until every peer has closed or exited, destroys
+    the process group and restores the environment variables it set (``RANK``,
     ``LOCAL_RANK``, ... are set under every launcher, MPI included). Without ``close_dist`` the
     group lives until the process exits, as after mmengine's ``init_dist``. The global
     multiprocessing start method is left alone, and CUDA is touched only for ``'nccl'``.
@@ -156,12 +157,12 @@ def init_dist(launcher: str, backend: str = "nccl", init_backend: str = "torch",
         raise CommError(
             "init_dist: torch.distributed is already initialised; communicator.dist uses the existing default group"
         )
-    close_dist()  # a communicator left open after its group was destroyed elsewhere; torch is down, so no barrier
+    close_dist()  # a communicator left open after its group was destroyed elsewhere
     open_comm(Communicator.create({**kwargs, "launcher": launcher, "backend": backend}))
 
 
 def close_dist() -> None:
-    """Close the communicator :func:`init_dist` opened (a barrier, then the group is destroyed).
+    """Close the communicator :func:`init_dist` opened and destroy its group (no collective runs).
 
     Every rank calls it. Does nothing when ``init_dist`` opened none.
     """

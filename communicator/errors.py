@@ -32,7 +32,7 @@ class CommTimeoutError(CommError, TimeoutError):
     """An operation did not finish within its timeout.
 
     ``missing_ranks`` names the ranks (local to the communicator) that did not arrive, when that is
-    knowable (barriers); otherwise it is ``None``.
+    knowable (barriers, and any wait whose stall was diagnosed); otherwise it is ``None``.
     """
 
     def __init__(self, message: str, missing_ranks: Sequence[int] | None = None) -> None:

@@ -1,8 +1,10 @@
-"""What a communicator records of each operation: one :class:`Event` per public call, the last
-of them in a ring (the flight recorder), dumped as JSON when something goes wrong or when asked.
+"""What a communicator records of each operation: one record per public call, the last of them
+in a ring (the flight recorder), dumped as JSON when something goes wrong or when asked.
 
-Every outermost public call gets an event from the guard; the operation itself adds what only it
-knows (bytes, serialisation and wait time). Hooks and statistics read the same events.
+Every outermost public call gets a record from the guard; the operation itself adds what only it
+knows (bytes, serialisation and wait time). A record is a plain list, the cheapest object Python
+makes, since every call makes one; :class:`Event` is its named view, which hooks, statistics and
+readers of the recorder receive.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ import json
 import os
 import socket
 import time
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 import torch
 
-__all__ = ["Event", "FlightRecorder", "locate"]
+__all__ = ["Event", "FlightRecorder", "finish", "locate", "new_record"]
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -32,6 +34,57 @@ _EPOCH = time.time() - time.perf_counter()  # turns the monotonic clock into wal
 _FIELDS = ("op", "seq", "group", "rank", "world", "p2p", "shapes", "dtypes", "site", "started", "state", "error",
            "duration", "wait", "serialize", "deserialize", "sent", "received", "size")  # fmt: skip
 
+# A record's positions. WHERE holds the caller's frame while the call runs, its (file, line) after.
+OP, P2P, SEQ, HOME, WHERE, SHAPES, DTYPES, CLOCK, STATE, ERROR = range(10)
+DURATION, WAIT, SERIALIZE, DESERIALIZE, SENT, RECEIVED, SIZE = range(10, 17)
+RUNNING, DONE, FAILED = "running", "done", "failed"
+
+
+def new_record(
+    op: str,
+    p2p: bool,
+    seq: int,
+    home: tuple[str, int, int],
+    frame: Any,
+    shapes: tuple[Any, ...],
+    dtypes: tuple[Any, ...],
+) -> list[Any]:
+    """The record of a call starting now: where the guard is, the caller's ``frame``, tensor shapes and dtypes."""
+    return [op, p2p, seq, home, frame, shapes, dtypes, time.perf_counter(), RUNNING, None, 0.0, 0.0, 0.0, 0.0, 0, 0, 0]
+
+
+def finish(record: list[Any], error: BaseException | None) -> None:
+    """Record the end of a call (and ``error``); keep the call's site, let go of the caller's frame."""
+    record[DURATION] = time.perf_counter() - record[CLOCK]
+    frame = record[WHERE]
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):  # as locate(), inlined
+        frame = frame.f_back
+    record[WHERE] = None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+    if error is None:
+        record[STATE] = DONE
+    else:
+        record[STATE], record[ERROR] = FAILED, f"{type(error).__name__}: {error}".splitlines()[0][:300].rstrip(":")
+
+
+T = TypeVar("T")
+
+
+class _Field(Generic[T]):
+    """One position of the record, read and written by name."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    @overload
+    def __get__(self, event: None, owner: type[Event]) -> _Field[T]: ...
+    @overload
+    def __get__(self, event: Event, owner: type[Event]) -> T: ...
+    def __get__(self, event: Event | None, owner: type[Event]) -> T | _Field[T]:
+        return self if event is None else event._record[self.index]
+
+    def __set__(self, event: Event, value: T) -> None:
+        event._record[self.index] = value
+
 
 class Event:
     """One public operation, as this rank ran it: what hooks receive and the flight recorder keeps.
@@ -43,76 +96,74 @@ class Event:
       program (point-to-point operations carry the number of the last collective before them);
     - ``group``: ``"world"``, or ``"ranks 0,2"`` (the world ranks of a subgroup);
     - ``rank`` in the group and its size ``world``; ``p2p``: whether it is point-to-point;
-    - ``shapes`` and ``dtypes`` (``"float32"``, ...) of the tensor arguments;
+    - ``shapes`` and ``dtypes`` (``torch.float32``, ...; names such as ``"float32"`` in
+      :meth:`as_dict`) of the tensor arguments;
     - ``site``: ``file:line`` of the call; ``started``: seconds since the epoch.
 
     Set when it has finished (hooks' ``post`` see them): ``state`` (``"running"``, ``"done"``,
     ``"failed"``), ``error`` (the first line of the error, or ``None``), and the accounting the
     statistics sum (:mod:`communicator.stats` defines each): ``duration``, ``wait``,
     ``serialize``, ``deserialize`` (seconds), ``sent``, ``received``, ``size`` (bytes).
+
+    An event is a view of the call's record: every view of one call reads and writes the same
+    fields, and views of one call compare equal.
     """
 
-    # What a call has not set yet reads from the class: creating an event, on every call, sets five fields.
-    shapes: tuple[torch.Size, ...] = ()
-    dtypes: tuple[torch.dtype, ...] = ()
-    state = "running"
-    error: str | None = None
-    duration = wait = serialize = deserialize = 0.0
-    sent = received = size = 0
-    _site: tuple[str, int] | None = None
+    __slots__ = ("_record",)
 
-    def __init__(
-        self,
-        op: str,
-        p2p: bool,
-        seq: int,
-        home: tuple[str, int, int],
-        frame: Any,
-        shapes: tuple[torch.Size, ...] = (),
-        dtypes: tuple[torch.dtype, ...] = (),
-    ) -> None:
-        self.op, self.p2p, self.seq, self._home, self._frame = op, p2p, seq, home, frame  # the frame: while it runs
-        self.shapes, self.dtypes, self._clock = shapes, dtypes, time.perf_counter()
+    op: _Field[str] = _Field(OP)
+    p2p: _Field[bool] = _Field(P2P)
+    seq: _Field[int] = _Field(SEQ)
+    shapes: _Field[tuple[torch.Size, ...]] = _Field(SHAPES)
+    dtypes: _Field[tuple[torch.dtype, ...]] = _Field(DTYPES)
+    state: _Field[str] = _Field(STATE)
+    error: _Field[str | None] = _Field(ERROR)
+    duration: _Field[float] = _Field(DURATION)
+    wait: _Field[float] = _Field(WAIT)
+    serialize: _Field[float] = _Field(SERIALIZE)
+    deserialize: _Field[float] = _Field(DESERIALIZE)
+    sent: _Field[int] = _Field(SENT)
+    received: _Field[int] = _Field(RECEIVED)
+    size: _Field[int] = _Field(SIZE)
+
+    def __init__(self, record: list[Any]) -> None:
+        self._record = record
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Event) and other._record is self._record  # views of one call are one event
+
+    def __hash__(self) -> int:
+        return id(self._record)
 
     @property
     def group(self) -> str:
-        return self._home[0]
+        return str(self._record[HOME][0])
 
     @property
     def rank(self) -> int:
-        return self._home[1]
+        return int(self._record[HOME][1])
 
     @property
     def world(self) -> int:
-        return self._home[2]
+        return int(self._record[HOME][2])
 
     @property
     def site(self) -> str:
         """``file:line`` of the call (``"unknown"`` if it came from no file outside this package)."""
-        where = self._site or locate(self._frame)
+        where = self._record[WHERE]
+        where = where if self._record[STATE] != RUNNING else locate(where)
         return "unknown" if where is None else f"{where[0]}:{where[1]}"
 
     @property
     def started(self) -> float:
         """When the operation started, in seconds since the epoch."""
-        return _EPOCH + self._clock
+        return _EPOCH + float(self._record[CLOCK])
 
     def since(self) -> float:
         """Seconds since it started, while it runs; since it ended, after."""
-        now = time.perf_counter()
-        return now - self._clock if self.state == "running" else now - self._clock - self.duration
-
-    def finish(self, error: BaseException | None) -> None:
-        """Record the end (and ``error``); keep the call's site and drop the caller's frame."""
-        self.duration = time.perf_counter() - self._clock
-        frame, self._frame = self._frame, None
-        while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):  # as locate(), inlined
-            frame = frame.f_back
-        self._site = None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
-        if error is None:
-            self.state = "done"
-        else:
-            self.state, self.error = "failed", f"{type(error).__name__}: {error}".splitlines()[0][:300].rstrip(":")
+        record = self._record
+        passed = time.perf_counter() - record[CLOCK]
+        return float(passed if record[STATE] == RUNNING else passed - record[DURATION])
 
     def describe_sizes(self) -> str:
         """The tensor arguments as ``dtype[shape]``, e.g. ``float32[1024, 3]``."""
@@ -131,12 +182,16 @@ class Event:
         return f"<Event #{self.seq} {self.op} {self.state} on rank {self.rank} of {self.group}>"
 
 
-class FlightRecorder(collections.deque[Event]):
-    """The last ``maxlen`` events of one communicator, oldest first (``append`` is deque's own, in C)."""
+class FlightRecorder(collections.deque[list[Any]]):
+    """The records of the last ``maxlen`` calls of one communicator, oldest first (``append`` is
+    deque's own, in C)."""
+
+    def events(self) -> list[Event]:
+        return [Event(record) for record in list(self)]
 
     def last(self) -> Event | None:
         try:
-            return self[-1]
+            return Event(self[-1])
         except IndexError:
             return None
 
@@ -151,7 +206,7 @@ class FlightRecorder(collections.deque[Event]):
             "pid": os.getpid(),
             "dumped": time.time(),
             **extra,
-            "events": [event.as_dict() for event in list(self)],
+            "events": [event.as_dict() for event in self.events()],
         }
         temporary = f"{path}.{os.getpid()}.tmp"
         with open(temporary, "w") as out:

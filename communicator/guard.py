@@ -32,7 +32,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 import torch
 
 from communicator.errors import CommError
-from communicator.events import Event, FlightRecorder
+from communicator.events import RECEIVED, SENT, SIZE, Event, FlightRecorder, finish, new_record
 from communicator.fingerprints import describe_arguments
 from communicator.stats import Statistics
 
@@ -102,7 +102,7 @@ class CallState:
     """What the guard keeps for one communicator."""
 
     observers: ClassVar[int] = 0  # hooks and statistics being gathered, in the whole process
-    __slots__ = ("busy", "event", "group", "home", "hooks", "launched", "op", "ranges", "recorder", "refusal",
+    __slots__ = ("busy", "group", "home", "hooks", "launched", "op", "ranges", "recorder", "refusal", "running",
                  "seq", "sinks", "thread", "up")  # fmt: skip
 
     def __init__(self, events: int = 256) -> None:
@@ -112,7 +112,7 @@ class CallState:
         self.seq = 0  # collectives entered so far: the same on every rank of a correct program
         self.launched = False  # whether the running operation has started communicating
         self.refusal: Callable[[str], CommError] | None = None  # why operations are refused, when they are
-        self.event: Event | None = None  # the running operation's
+        self.running: list[Any] | None = None  # the running operation's record (see communicator.events)
         self.recorder = FlightRecorder(maxlen=events)
         self.group = "world"  # the communicator's name in events: "world", or its world ranks
         self.sinks: list[Statistics] = []  # statistics being gathered (the configuration's, open profiles)
@@ -121,48 +121,57 @@ class CallState:
         self.ranges: tuple[Any, ...] = ()  # the profiler ranges of the running operation
         self.home: tuple[str, int, int] = ("", 0, 0)  # its (group, rank, size), once an operation has asked
 
-    def start(self, spec: Spec, comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Event:
+    @property
+    def event(self) -> Event | None:
+        """The running operation's event, or ``None``."""
+        running = self.running
+        return None if running is None else Event(running)
+
+    def start(self, spec: Spec, comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        """The record of a call that starts now (``sys._getframe(2)``: the guard's caller)."""
         home = self.home
         if not home[2]:  # a communicator's name, rank and size never change: asked once
             home = self.home = (self.group, comm.rank, comm.world_size)
         payload = spec.payload
         value = None if payload is None else args[payload[0]] if len(args) > payload[0] else kwargs.get(payload[1])
         if isinstance(value, torch.Tensor):  # the common case, kept cheap
-            event = Event(spec.name, spec.p2p, self.seq, home, sys._getframe(2), (value.shape,), (value.dtype,))
-        else:  # the frame: the guard's caller
-            event = Event(spec.name, spec.p2p, self.seq, home, sys._getframe(2))
-            if isinstance(value, (list, tuple)):
-                tensors = [t for t in value if isinstance(t, torch.Tensor)]
-                event.shapes, event.dtypes = tuple([t.shape for t in tensors]), tuple([t.dtype for t in tensors])
-        self.event = event
-        self.recorder.append(event)
+            record = new_record(spec.name, spec.p2p, self.seq, home, sys._getframe(2), (value.shape,), (value.dtype,))
+        elif isinstance(value, (list, tuple)):
+            tensors = [t for t in value if isinstance(t, torch.Tensor)]
+            shapes, dtypes = tuple([t.shape for t in tensors]), tuple([t.dtype for t in tensors])
+            record = new_record(spec.name, spec.p2p, self.seq, home, sys._getframe(2), shapes, dtypes)
+        else:
+            record = new_record(spec.name, spec.p2p, self.seq, home, sys._getframe(2), (), ())
+        self.running = record
+        self.recorder.append(record)
         if _profiling():
-            self.ranges = _open_ranges(f"communicator.{spec.name}", event, _tensors(args, kwargs, payload))
+            self.ranges = _open_ranges(f"communicator.{spec.name}", Event(record), _tensors(args, kwargs, payload))
         if CallState.observers:  # any hook or statistics anywhere: see whether they are ours
             state: CallState | None = self
             while state is not None:
                 if state.hooks:
-                    _run(state.hooks, "pre", event)
+                    _run(state.hooks, "pre", Event(record))
                 state = state.up
-        return event
+        return record
 
     def count(self, sent: int, received: int, size: int) -> None:
-        """Add bytes to the running operation's event (``size``: see :mod:`communicator.stats`)."""
-        event = self.event
-        if event is not None and CallState.observers:  # bytes are for statistics and hooks
+        """Add bytes to the running operation's record (``size``: see :mod:`communicator.stats`)."""
+        record = self.running
+        if record is not None and CallState.observers:  # bytes are for statistics and hooks
             if self.home[2] > 1:  # in a world of one, nothing moves
-                event.sent += sent
-                event.received += received
-            event.size += size
+                record[SENT] += sent
+                record[RECEIVED] += received
+            record[SIZE] += size
 
-    def end(self, event: Event, error: BaseException | None) -> None:
-        event.finish(error)
-        self.event = None  # a handle waited on later adds nothing to a finished event
+    def end(self, record: list[Any], error: BaseException | None) -> None:
+        finish(record, error)
+        self.running = None  # a handle waited on later adds nothing to a finished operation
         if self.ranges:
             for handle in reversed(self.ranges):
                 _exit_range(handle)
             self.ranges = ()
         if CallState.observers:
+            event = Event(record)
             state: CallState | None = self
             while state is not None:
                 for sink in state.sinks:
@@ -209,18 +218,18 @@ def guarded(method: F, spec: Spec) -> F:
             calls.thread, calls.op, calls.launched = threading.get_ident(), name, False
             if not spec.p2p:
                 calls.seq += 1
-            event = calls.start(spec, self, args, kwargs)  # after the refusal: rank and size are known
+            record = calls.start(spec, self, args, kwargs)  # after the refusal: rank and size are known
             try:
                 if self.config.debug and not spec.p2p:
                     arguments = describe_arguments(spec.signature, self, args, kwargs, spec.match)
-                    self._compare_fingerprints(name, arguments, event.site)
+                    self._compare_fingerprints(name, arguments, Event(record).site)
                 result = method(self, *args, **kwargs)
             except BaseException as error:
-                calls.end(event, error)
+                calls.end(record, error)
                 if self.config.trace_dir is not None and (calls.launched or isinstance(error, CommError)):
                     self._dump_after(error)
                 raise
-            calls.end(event, None)
+            calls.end(record, None)
             return result
         except (TypeError, ValueError) as error:
             if not calls.launched:  # peers may already wait in this operation: release them

@@ -7,10 +7,12 @@ point to point in chunks (nothing is padded, see :mod:`communicator.transfer`); 
 report, so that a rank which cannot serialise releases every peer at once instead of leaving them
 waiting. The receiver raises the sender's failure as a :class:`~communicator.errors.RemoteError`.
 
-The point-to-point schedule keeps one transfer in and one out per rank at a time: a ring for
-``all_gather_object`` (each frame crosses each link once, forwarded from the receive buffer);
-every sender's chunks into ``gather_object``'s destination, one chunk per sender in flight; the
-source's chunks to every rank for ``broadcast_object``.
+Large frames move point to point: for ``all_gather_object``, to every rank at once when each
+is at most 1 MiB, else around a ring (each frame crosses each link once, forwarded from the
+receive buffer); into ``gather_object``'s destination from every sender at once; from
+``broadcast_object``'s source to every rank. Within a stream every receive and every chunk sent
+in place is posted at once; staged chunks take turns in two buffers (see
+:mod:`communicator.transfer`).
 
 The bytes travel on a :class:`Channel`: fixed-size records in collectives, exact-size payloads
 point to point. A communicator supplies its own (``Communicator._object_channel``);

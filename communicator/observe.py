@@ -142,7 +142,7 @@ class Observation:
 
     def events(self: Observed) -> list[Event]:
         """The flight recorder: this communicator's last operations (``trace_events`` of them), oldest first."""
-        return list(self._calls.recorder)
+        return self._calls.recorder.events()
 
     def dump_trace(self: Observed, directory: str | os.PathLike[str] | None = None) -> str:
         """Write the flight recorder to ``directory`` (default: the configuration's ``trace_dir``) as

@@ -521,7 +521,7 @@ class SubgroupComm(TorchComm):
     ``rank``, ``world_size`` and every ``src``/``dst``/``peer`` count inside the subgroup;
     ``global_ranks``, ``to_global`` and ``to_local`` translate to and from world ranks; ``parent``
     is the communicator it was split from. A process that is not a member gets a
-    :class:`~communicator.base.NonMemberComm` (an instance of this class to ``isinstance``),
+    :class:`~communicator.nonmember.NonMemberComm` (an instance of this class to ``isinstance``),
     whose ``is_member`` is ``False``, whose ``rank`` is ``-1``, and whose operations raise
     :class:`~communicator.errors.NotMemberError`.
 

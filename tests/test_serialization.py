@@ -108,7 +108,7 @@ def test_safe_accepts_the_documented_types() -> None:
         "ctr": collections.Counter("aab"),
         "date": datetime.date(2024, 1, 2),
         "td": datetime.timedelta(days=-1, seconds=3, microseconds=4),
-        "dt": datetime.datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=datetime.timezone.utc),
+        "dt": datetime.datetime(2024, 1, 2, 3, 4, 5, 6, tzinfo=datetime.UTC),
         "naive": datetime.datetime(2024, 1, 2, fold=1),
         "time": datetime.time(1, 2, 3, tzinfo=datetime.timezone(datetime.timedelta(hours=-5), "EST")),
         "set": {1, 2},

@@ -4,6 +4,7 @@ rank and its traceback, hangs reported with every rank's stack, nothing left run
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from communicator import CommTimeoutError, Communicator, ConfigError, RemoteError, launch
+from communicator.launchers.local import free_port
 from communicator.testing import run_ranks, run_single
 
 
@@ -123,3 +125,15 @@ def test_a_script_without_a_main_guard_is_told_the_rule(tmp_path: Path) -> None:
     # Each rank says what it was doing and the rule; the parent names the dead ranks with the same rule.
     assert f"launch() was called while a rank was importing {script}" in done.stderr
     assert "ProcessDied" in done.stderr and 'if __name__ == "__main__":' in done.stderr
+
+
+def test_free_ports_lie_below_the_ports_outgoing_connections_take() -> None:
+    ports = [free_port() for _ in range(20)]
+    try:
+        first_ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except OSError:
+        pytest.skip("no ephemeral port range to compare with on this system")
+    assert all(10000 <= port < first_ephemeral for port in ports), ports
+    assert len(set(ports)) > 1  # drawn at random: processes picking at once rarely meet
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("", ports[0]))  # free on every address, as a store needs it

@@ -80,7 +80,7 @@ def _recording_us(comm: Communicator) -> float:
     spec, args = Communicator._specs["all_reduce"], (torch.ones(1),)
 
     def record() -> None:
-        calls.end(calls.start(spec, comm, args, {}), None)
+        calls.end(calls.start(spec, comm, args, {}), None)  # as the guard does
 
     return min(timeit.repeat(record, number=RECORDING_CALLS, repeat=5)) / RECORDING_CALLS * 1e6
 
