@@ -191,6 +191,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
             for child in reversed(self._children):
                 child._close(error)
         finally:
+            self._stop_observing()
             self._teardown(error)
 
     def _teardown(self, error: BaseException | None) -> None:

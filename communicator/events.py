@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar, overload
 
 import torch
 
-__all__ = ["Event", "FlightRecorder", "finish", "locate", "new_record"]
+__all__ = ["Event", "FlightRecorder", "finish", "locate"]
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -30,36 +30,41 @@ def locate(frame: Any) -> tuple[str, int] | None:
     return None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
 
 
-_EPOCH = time.time() - time.perf_counter()  # turns the monotonic clock into wall-clock time
+_clock = time.perf_counter
+_EPOCH = time.time() - _clock()  # turns the monotonic clock into wall-clock time
 _FIELDS = ("op", "seq", "group", "rank", "world", "p2p", "shapes", "dtypes", "site", "started", "state", "error",
            "duration", "wait", "serialize", "deserialize", "sent", "received", "size")  # fmt: skip
 
-# A record's positions. WHERE holds the caller's frame while the call runs, its (file, line) after.
+# A record's positions (the guard builds records, in CallState.start). WHERE holds the caller's
+# frame while the call runs, its (code, offset) after.
 OP, P2P, SEQ, HOME, WHERE, SHAPES, DTYPES, CLOCK, STATE, ERROR = range(10)
 DURATION, WAIT, SERIALIZE, DESERIALIZE, SENT, RECEIVED, SIZE = range(10, 17)
 RUNNING, DONE, FAILED = "running", "done", "failed"
 
 
-def new_record(
-    op: str,
-    p2p: bool,
-    seq: int,
-    home: tuple[str, int, int],
-    frame: Any,
-    shapes: tuple[Any, ...],
-    dtypes: tuple[Any, ...],
-) -> list[Any]:
-    """The record of a call starting now: where the guard is, the caller's ``frame``, tensor shapes and dtypes."""
-    return [op, p2p, seq, home, frame, shapes, dtypes, time.perf_counter(), RUNNING, None, 0.0, 0.0, 0.0, 0.0, 0, 0, 0]
+def _line(finished: tuple[Any, int] | None) -> tuple[str, int] | None:
+    """(file, line) of a finished call's (code, instruction offset)."""
+    if finished is None:
+        return None
+    code, offset = finished
+    line = next((line for start, end, line in code.co_lines() if start <= offset < end), None)
+    return code.co_filename, code.co_firstlineno if line is None else line
 
 
 def finish(record: list[Any], error: BaseException | None) -> None:
-    """Record the end of a call (and ``error``); keep the call's site, let go of the caller's frame."""
-    record[DURATION] = time.perf_counter() - record[CLOCK]
+    """Record the end of a call (and ``error``); keep the call's site, let go of the caller's frame.
+
+    The site is kept as (code, instruction offset): its line is looked up only when asked for.
+    """
+    record[DURATION] = _clock() - record[CLOCK]
     frame = record[WHERE]
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):  # as locate(), inlined
+    code = frame.f_code
+    while code.co_filename.startswith(_PACKAGE):  # as locate(), inlined
         frame = frame.f_back
-    record[WHERE] = None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+        if frame is None:
+            break
+        code = frame.f_code
+    record[WHERE] = None if frame is None else (code, frame.f_lasti)
     if error is None:
         record[STATE] = DONE
     else:
@@ -150,8 +155,8 @@ class Event:
     @property
     def site(self) -> str:
         """``file:line`` of the call (``"unknown"`` if it came from no file outside this package)."""
-        where = self._record[WHERE]
-        where = where if self._record[STATE] != RUNNING else locate(where)
+        record = self._record
+        where = locate(record[WHERE]) if record[STATE] == RUNNING else _line(record[WHERE])
         return "unknown" if where is None else f"{where[0]}:{where[1]}"
 
     @property

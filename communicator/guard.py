@@ -25,6 +25,7 @@ import functools
 import inspect
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple, TypeVar
@@ -32,12 +33,13 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 import torch
 
 from communicator.errors import CommError
-from communicator.events import RECEIVED, SENT, SIZE, Event, FlightRecorder, finish, new_record
+from communicator.events import RECEIVED, RUNNING, SENT, SIZE, Event, FlightRecorder, finish
 from communicator.fingerprints import describe_arguments
 from communicator.stats import Statistics
 
 __all__ = ["CallState", "Hook", "Spec", "collective", "guarded"]
 
+_clock = time.perf_counter
 _profiling = torch._C._autograd._profiler_enabled  # one C call: whether a torch.profiler is recording
 _enter_range = torch._C._autograd._record_function_with_args_enter
 _exit_range = torch._C._autograd._record_function_with_args_exit
@@ -134,14 +136,16 @@ class CallState:
             home = self.home = (self.group, comm.rank, comm.world_size)
         payload = spec.payload
         value = None if payload is None else args[payload[0]] if len(args) > payload[0] else kwargs.get(payload[1])
+        shapes: tuple[torch.Size, ...] = ()
+        dtypes: tuple[torch.dtype, ...] = ()
         if isinstance(value, torch.Tensor):  # the common case, kept cheap
-            record = new_record(spec.name, spec.p2p, self.seq, home, sys._getframe(2), (value.shape,), (value.dtype,))
+            shapes, dtypes = (value.shape,), (value.dtype,)
         elif isinstance(value, (list, tuple)):
             tensors = [t for t in value if isinstance(t, torch.Tensor)]
             shapes, dtypes = tuple([t.shape for t in tensors]), tuple([t.dtype for t in tensors])
-            record = new_record(spec.name, spec.p2p, self.seq, home, sys._getframe(2), shapes, dtypes)
-        else:
-            record = new_record(spec.name, spec.p2p, self.seq, home, sys._getframe(2), (), ())
+        # A record, laid out as communicator.events numbers its positions
+        record = [spec.name, spec.p2p, self.seq, home, sys._getframe(2), shapes, dtypes, _clock(), RUNNING,
+                  None, 0.0, 0.0, 0.0, 0.0, 0, 0, 0]  # fmt: skip
         self.running = record
         self.recorder.append(record)
         if _profiling():

@@ -77,6 +77,16 @@ class Observation:
         CallState.observers += 1  # for the communicator's life
         return stats
 
+    def _stop_observing(self: Observed) -> None:
+        """At close: this communicator's statistics and hooks stop making every call in the process
+        take the observed path (its statistics stay readable)."""
+        calls = self._calls
+        if self._stats is not None and self._stats in calls.sinks:
+            calls.sinks.remove(self._stats)
+            CallState.observers -= 1
+        CallState.observers -= len(calls.hooks)
+        calls.hooks.clear()
+
     def stats(self: Observed) -> Statistics:
         """Per-operation statistics since the communicator was created, its subgroups' included.
 

@@ -12,6 +12,7 @@ import torch
 
 from communicator import CollectiveMismatchError, Communicator, RemoteError
 from communicator.events import Event
+from communicator.guard import CallState
 from communicator.stats import Statistics
 
 pytestmark = pytest.mark.world_size(1, 2, 3, 4)
@@ -332,3 +333,14 @@ def test_statistics_table_and_json(run) -> None:
     assert [row["op"] for row in json.loads(as_json)] == ["all_reduce", "all_gather_object"]
     with pytest.raises(KeyError):
         Statistics()["all_reduce"]
+
+
+def test_closing_a_communicator_ends_its_observation() -> None:
+    before = CallState.observers
+    comm = Communicator.create({"launcher": "none", "stats": True})
+    comm.add_hook(post=lambda event: None)
+    assert CallState.observers == before + 2  # every call in the process now takes the observed path
+    comm.all_reduce(torch.ones(1))
+    comm.close()
+    assert CallState.observers == before  # ... and no longer once it is closed
+    assert comm.stats()["all_reduce"].calls == 1  # its numbers stay readable
