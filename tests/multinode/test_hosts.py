@@ -41,7 +41,9 @@ def test_leftovers_of_a_dead_session_are_swept() -> None:
         time.sleep(0.05)
     with Network() as live:
         removed = sweep_leftovers()
-        assert set(removed) == {leftover, str(workdir)}
+        # A crashed run before this one may have left more: only dead sessions' names may go.
+        assert {leftover, str(workdir)} <= set(removed)
+        assert not [name for name in removed if Path(name).name.startswith(f"{session_name()}-")]
         assert {host.netns for host in live.hosts} <= set(namespaces())  # its owner, this process, lives
     assert stray.wait(timeout=30) == -9
     assert leftover not in namespaces()
