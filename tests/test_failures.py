@@ -240,10 +240,28 @@ def test_create_close_repeats_and_leaks_nothing() -> None:
         d
         for d in set(os.listdir("/proc")) - children_before
         if d.isdigit()
-        and os.path.exists(f"/proc/{d}/cmdline")
-        and "communicator-rank" in pathlib.Path(f"/proc/{d}/cmdline").read_bytes().decode(errors="replace")
+        and "communicator-rank" in _read_proc(d, "cmdline").decode(errors="replace")
+        and _descends_from_this_process(int(d))  # another job's ranks on the machine are not ours
     ]
     assert leftovers == []
+
+
+def _read_proc(pid: str, name: str) -> bytes:
+    try:
+        return pathlib.Path(f"/proc/{pid}/{name}").read_bytes()
+    except OSError:  # it ended meanwhile
+        return b""
+
+
+def _descends_from_this_process(pid: int) -> bool:
+    while pid > 1:
+        if pid == os.getpid():
+            return True
+        stat = _read_proc(str(pid), "stat")
+        if not stat:
+            return False
+        pid = int(stat.rsplit(b")", 1)[1].split()[1])  # the parent's pid
+    return False
 
 
 def in_process_repeat(_: Communicator) -> list[str]:
