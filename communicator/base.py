@@ -193,6 +193,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         finally:
             self._stop_observing()
             self._teardown(error)
+            self._port = None  # its channel holds the transport (a torch group: freed with the last reference)
 
     def _teardown(self, error: BaseException | None) -> None:
         """Release what this object created; after ``error`` (leaving a block on an exception),

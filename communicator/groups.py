@@ -92,4 +92,8 @@ class Groups:
         for group in {id(g): g for pair in self._made.values() for g in pair}.values():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group(group)
+        self.forget()
+
+    def forget(self) -> None:
+        """Drop the references to the groups created here (torch has destroyed them)."""
         self._made.clear()

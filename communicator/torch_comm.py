@@ -100,6 +100,11 @@ class GroupScope:
 
     _boards = 0  # boards made in this process
 
+    def release(self) -> None:
+        """Drop the references to the torch groups (their communicator closed)."""
+        for name in ("group", "companion"):
+            vars(self).pop(name, None)
+
 
 @Communicator.register(TORCH)
 class TorchComm(Communicator):
@@ -218,7 +223,9 @@ class TorchComm(Communicator):
 
     @property
     def group(self) -> dist.ProcessGroup:
-        """The torch process group, for code that calls ``torch.distributed`` directly."""
+        """The torch process group, for code that calls ``torch.distributed`` directly (while open)."""
+        if self.closed:  # its groups are released
+            raise CommError("group: this communicator is closed")
         return self._group
 
     # -- primitives: torch calls -----------------------------------------------------------------
@@ -420,6 +427,18 @@ class TorchComm(Communicator):
             if self._owned is not None:
                 self._owned.environment.restore()
             self._board.release()
+            if not failed:
+                self._release_groups()
+
+    def _release_groups(self) -> None:
+        """Let torch free the groups now, while the interpreter runs. A group's destructor joins its
+        worker threads; a worker that finishes its last operation only after the interpreter began
+        to finalise needs the GIL to release the operation's tensors, cannot take it, and aborts
+        the process ("terminate called without an active exception")."""
+        vars(self).pop("_group", None)
+        self._scope.release()
+        if self._scope.parent is None:
+            self._scope.groups.forget()
 
 
 def _flat(works: Sequence[Work]) -> list[Work]:

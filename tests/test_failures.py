@@ -308,3 +308,25 @@ def recreate_owned(comm: Communicator) -> list[float]:
 
 def test_owned_communicator_can_be_created_again_in_the_same_processes() -> None:
     assert run_ranks(recreate_owned, 3, timeout=60) == [[3.0, 3.0, 3.0]] * 3
+
+
+def threads_after_close(comm: Communicator) -> tuple[int, int]:
+    def threads() -> int:  # the process's threads, torch's native ones included
+        return len(os.listdir("/proc/self/task"))
+
+    comm.close()
+    before = threads()
+    again = Communicator.create({"backend": "gloo"})
+    again.all_reduce(torch.ones(3))
+    again.all_gather_object(list(range(100_000)))  # large: point-to-point transfers and their helper thread
+    again.split(color=again.rank % 2).all_reduce(torch.ones(1))
+    again.close()
+    return before, threads()
+
+
+def test_closing_joins_every_thread_it_started() -> None:
+    # torch joins a group's worker threads only when it frees the group: a closed communicator must
+    # let go of its groups, or a worker still finishing an operation when the interpreter finalises
+    # aborts the process ("terminate called without an active exception").
+    for before, after in run_ranks(threads_after_close, 2, timeout=60):
+        assert after == before

@@ -211,7 +211,11 @@ def test_loopback_master_is_a_config_error_on_every_rank(network: Network) -> No
     started = time.monotonic()
     finished = run_on(network, command, clean_environ(OPENMPI_SETTINGS), RUN_TIMEOUT)
     text = report(finished) + f"\n(took {time.monotonic() - started:.1f} s)"
-    errors = sorted(re.findall(r"^ConfigError on rank (\d+): (.*)$", finished[0].stdout, flags=re.MULTILINE))
+    # mpirun forwards each host's output in its own chunks: one rank's line may end after another's
+    # began, so the reports are split at their openings, not at line ends.
+    report_re = r"ConfigError on rank (\d+): (.*?)(?=ConfigError on rank \d+: |\Z)"
+    reports = re.findall(report_re, finished[0].stdout, re.DOTALL)
+    errors = sorted((rank, message.strip()) for rank, message in reports)
     assert [int(rank) for rank, _ in errors] == [0, 1, 2, 3], text
     for rank, message in errors:
         node = int(rank) // RANKS_PER_HOST
