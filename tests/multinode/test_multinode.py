@@ -195,12 +195,13 @@ def test_check_under_openmpi(network: Network) -> None:
 
 
 LOOPBACK_JOB = """
-import os
+import os, sys
 from communicator import Communicator, ConfigError
 try:
     Communicator.create().close()
 except ConfigError as error:
-    print(f"ConfigError on rank {os.environ['OMPI_COMM_WORLD_RANK']}: {error}", flush=True)
+    sys.stdout.write(f"ConfigError on rank {os.environ['OMPI_COMM_WORLD_RANK']}: {error}\\n")  # one write
+    sys.stdout.flush()
 """
 
 
