@@ -86,17 +86,23 @@ def _run_probe(prefix: list[str], launcher: str, extra_env: dict[str, str] | Non
     ], report
 
 
+def _mpi_port(settings: dict[str, str] | None = None) -> dict[str, str]:
+    """MPI gives no rendezvous port: a free one, or the ranks meet at 29500, where another job on
+    the machine (another test suite) may be meeting too."""
+    return {**(settings or {}), "MASTER_PORT": str(free_port())}
+
+
 def test_openmpi_mpirun() -> None:
     version = _tool_output("mpirun", "--version")
     if version is None or "Open MPI" not in version:
         pytest.skip("Open MPI's mpirun is not installed")
-    _run_probe(["mpirun", "-np", str(RANKS), sys.executable], "openmpi", OPENMPI_SETTINGS)
+    _run_probe(["mpirun", "-np", str(RANKS), sys.executable], "openmpi", _mpi_port(OPENMPI_SETTINGS))
 
 
 def test_mpich_hydra() -> None:
     if _tool_output("mpirun.mpich", "--version") is None:
         pytest.skip("MPICH's mpirun.mpich is not installed")
-    _run_probe(["mpirun.mpich", "-n", str(RANKS), sys.executable], "mpich")
+    _run_probe(["mpirun.mpich", "-n", str(RANKS), sys.executable], "mpich", _mpi_port())
 
 
 def test_slurm_srun() -> None:
@@ -106,7 +112,7 @@ def test_slurm_srun() -> None:
 
 
 def test_torchrun() -> None:
-    _run_probe([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={RANKS}"], "pytorch")
+    _run_probe(_torchrun(RANKS), "pytorch")
 
 
 # -- Communicator.create() and `communicator check` under each tool ------------------------------------
@@ -163,14 +169,14 @@ TOOLS = {
         2,
         _no_openmpi,
         lambda n: ["mpirun", "-np", str(n), sys.executable],
-        lambda: {**OPENMPI_SETTINGS, "MASTER_PORT": str(free_port())},
+        lambda: _mpi_port(OPENMPI_SETTINGS),
     ),
     "mpich": Tool(
         "mpich",
         2,
         _no_mpich,
         lambda n: ["mpirun.mpich", "-n", str(n), sys.executable],
-        lambda: {"MASTER_PORT": str(free_port())},
+        lambda: _mpi_port(),
     ),
     # Slurm: the port is derived from the job id.
     "srun": Tool("slurm", 2, _no_slurm, lambda n: ["srun", "-N1", f"-n{n}", sys.executable], dict),
