@@ -224,8 +224,9 @@ class TorchComm(Communicator):
     @property
     def group(self) -> dist.ProcessGroup:
         """The torch process group, for code that calls ``torch.distributed`` directly (while open)."""
-        if self.closed:  # its groups are released
-            raise CommError("group: this communicator is closed")
+        refusal = self._calls.refusal
+        if self.closed and refusal is not None:  # its groups are released
+            raise refusal("group")
         return self._group
 
     # -- primitives: torch calls -----------------------------------------------------------------

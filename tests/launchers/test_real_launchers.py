@@ -176,7 +176,7 @@ TOOLS = {
         2,
         _no_mpich,
         lambda n: ["mpirun.mpich", "-n", str(n), sys.executable],
-        lambda: _mpi_port(),
+        _mpi_port,
     ),
     # Slurm: the port is derived from the job id.
     "srun": Tool("slurm", 2, _no_slurm, lambda n: ["srun", "-N1", f"-n{n}", sys.executable], dict),
