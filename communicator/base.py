@@ -10,8 +10,11 @@ result collection, seed synchronisation and subgroups.
 ======================  ===================================================================
 primitives (abstract)   ``rank``, ``world_size``, ``_barrier``, ``_all_reduce``, ``_broadcast``,
                         ``_all_gather`` (equal shapes), ``_isend``, ``_irecv``, ``_create_groups``
-optional fast paths     ``_reduce``, ``_reduce_scatter``, ``_object_channel``, ``_wait``, the
-                        topology and ``backend`` / ``device`` / ``global_ranks`` properties
+optional fast paths     ``_reduce``, ``_reduce_scatter``, ``_object_channel``, the topology
+                        and ``backend`` / ``device`` / ``global_ranks`` properties
+the control plane       ``_control_store``: a key-value store shared by the ranks (torch's
+                        ``TCPStore`` qualifies); with it, every wait is bounded and released
+                        by a peer's failure, refusal or closing, and stalls explain themselves
 derived (written here)  every public method
 ======================  ===================================================================
 """
@@ -42,8 +45,11 @@ from communicator.arguments import (
     check_tensors,
 )
 from communicator.config import CommConfig, ConfigLike, Timeout, seconds
+from communicator.control import Control
+from communicator.control.log import Store
+from communicator.control.waiting import finished
 from communicator.coordination import Coordination
-from communicator.errors import CommError, ConfigError
+from communicator.errors import CommError, CommTimeoutError, ConfigError
 from communicator.factory import SINGLE, decide
 from communicator.fingerprints import check_fingerprints, fingerprint
 from communicator.guard import CallState, Spec, collective, guarded
@@ -104,6 +110,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         self._local: Communicator | None = None
         self._port: protocol.Port | None = None
         self._seeds_drawn = 0
+        self._control: Control | None = None  # built on first use from _control_store()
         Communicator._open.add(self)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -192,8 +199,15 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
                 child._close(error)
         finally:
             self._stop_observing()
-            self._teardown(error)
-            self._port = None  # its channel holds the transport (a torch group: freed with the last reference)
+            control = self._control
+            try:
+                if control is not None:
+                    control.close(error)
+                self._teardown(error)
+            finally:
+                if control is not None:
+                    control.release()
+                self._port = None  # its channel holds the transport (a torch group: freed with the last reference)
 
     def _teardown(self, error: BaseException | None) -> None:
         """Release what this object created; after ``error`` (leaving a block on an exception),
@@ -273,10 +287,47 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
             self.rank, self.world_size, self._all_gather, self._broadcast, self._isend, self._irecv, self._await
         )
 
+    def _control_store(self) -> Store | None:
+        """The key-value store of this communicator's world, shared by its ranks, for the control
+        plane (see :mod:`communicator.control`); ``None`` (the default): waits are bounded by the
+        timeout, but a peer's failure is not signalled."""
+        return None
+
+    def _plane(self) -> Control | None:
+        """The control plane, built on first use."""
+        if self._control is None and not self._closed:
+            store = self._control_store()
+            if store is not None:
+                self._control = Control.for_world(
+                    store, self.rank, self.world_size, self._calls, self.config, self.local_size
+                )
+        return self._control
+
     def _wait(self, works: Sequence[Work], timeout: float | None = None) -> None:
-        """Finish ``works``; ``timeout`` (seconds) overrides the communicator's. Default: ``wait()`` each."""
+        """Finish ``works`` within ``timeout`` seconds (else the communicator's timeout), released
+        early by a peer's failure, refusal or closing when there is a control plane."""
+        control = self._plane()
+        if control is not None:
+            try:
+                control.wait(works, timeout)
+            finally:
+                self._heed(control)
+            return
+        limit = timeout or self.config.timeout.total_seconds()
+        deadline = time.monotonic() + limit
         for work in works:
-            work.wait()
+            while not finished(work, min(1.0, max(deadline - time.monotonic(), 0.001))):
+                if time.monotonic() > deadline:
+                    raise CommTimeoutError(f"{self._calls.op} did not finish within {limit:g} s on rank {self.rank}")
+
+    def _heed(self, control: Control) -> None:
+        """After an abandoned operation every later one is refused."""
+        if control.broken is not None and self._calls.refusal is None:
+            broken = control.broken
+            self._calls.refusal = lambda what: CommError(
+                f"{what}: this communicator is unusable since an earlier operation was abandoned "
+                f"({broken}); leave its block and create a new one"
+            )
 
     def _await(self, works: Sequence[Work], timeout: float | None = None) -> None:
         """``_wait``, its time counted as the running operation's wait (see :mod:`communicator.stats`)."""
@@ -290,23 +341,39 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
             event.wait += time.perf_counter() - started
 
     def _launch_failed(self, error: RuntimeError) -> CommError:
-        """The error to raise when a primitive refuses to start (default: a ``CommError`` with its text)."""
+        """The error to raise when a primitive refuses to start."""
+        control = self._plane()
+        if control is not None:
+            failure = control.launch_failed(error)
+            self._heed(control)
+            return failure
         text = str(error).splitlines()
         return CommError(f"{self._calls.op} failed on rank {self.rank}: {text[0] if text else type(error).__name__}")
 
     def _timed_barrier(self, timeout: float) -> None:
-        """A barrier of at most ``timeout`` seconds (default: the primitive's, waited on with the timeout)."""
-        self._await([self._barrier()], timeout)
+        """A barrier of at most ``timeout`` seconds that names, on every rank, the ranks that did not arrive."""
+        control = self._plane()
+        if control is not None:
+            control.barrier(timeout)
+        else:
+            self._await([self._barrier()], timeout)
 
     def _announce_bad_arguments(self, error: BaseException, what: str) -> None:
         """Tell the other ranks that this rank refused its arguments (peers may already be waiting)."""
+        control = self._plane()
+        if control is not None:
+            control.bad_arguments(error, what)
 
     def _announce_failure(self, error: BaseException, where: str) -> None:
         """Tell the other ranks that this rank failed for good (the communicator is then unusable)."""
+        control = self._plane()
+        if control is not None:
+            control.failed(error, where)
+            self._heed(control)
 
     def _patient_barrier(self, timeout: float | None) -> None:
         """A barrier that may wait ``timeout`` seconds (``None``: forever) instead of the comm's timeout."""
-        self._timed_barrier(timeout if timeout is not None else self.config.timeout.total_seconds())
+        self._timed_barrier(float("inf") if timeout is None else timeout)
 
     # -- the machinery every operation shares ---------------------------------------------------
 

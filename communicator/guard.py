@@ -13,7 +13,9 @@ cannot lose it. For each outermost call the guard
   already waiting in the operation are released;
 - records the call as an :class:`~communicator.events.Event` in the flight recorder, and hands
   it to the statistics, the hooks and torch's profiler when they are on (each costs one check
-  when it is off).
+  when it is off);
+- refuses an operation issued by a hook on a communicator whose operations that hook observes:
+  it would run on the ranks whose hook issued it only, and pair with another operation on the others.
 
 Operations called by other operations (``sync_random_seed`` broadcasting an object, say) run
 unguarded: the outer call is the one that counts.
@@ -84,28 +86,35 @@ def _open_ranges(name: str, event: Event, tensors: list[torch.Tensor]) -> tuple[
     return (outer, _enter_range(f"{name} {event.describe_sizes()}")) if tensors else (outer,)
 
 
-def _run(hooks: list[Hook], stage: str, event: Event) -> None:
-    for hook in hooks:
-        call = hook.pre if stage == "pre" else hook.post
-        if call is None:
-            continue
-        try:
-            call(event)
-        except Exception as error:  # noqa: BLE001 - a hook must not break the operation
-            warnings.warn(
-                f"communicator: a {stage} hook {getattr(call, '__qualname__', call)!r} raised on {event.op} "
-                f"#{event.seq}: {type(error).__name__}: {error}; the operation went on unaffected",
-                RuntimeWarning,
-                stacklevel=4,
-            )
+def _run(state: CallState, stage: str, event: Event) -> None:
+    """Run ``state``'s hooks of ``stage``, marked as running so that they cannot issue operations
+    on what they observe; an exception other than an ``Exception`` (``KeyboardInterrupt``) escapes."""
+    state.hooking, CallState.hooks_running = threading.get_ident(), CallState.hooks_running + 1
+    try:
+        for hook in list(state.hooks):  # a hook may remove itself
+            call = hook.pre if stage == "pre" else hook.post
+            if call is None:
+                continue
+            try:
+                call(event)
+            except Exception as error:  # noqa: BLE001 - a hook must not break the operation
+                warnings.warn(
+                    f"communicator: a {stage} hook {getattr(call, '__qualname__', call)!r} raised on {event.op} "
+                    f"#{event.seq}: {type(error).__name__}: {error}; the operation went on unaffected",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
+    finally:
+        state.hooking, CallState.hooks_running = 0, CallState.hooks_running - 1
 
 
 class CallState:
     """What the guard keeps for one communicator."""
 
     observers: ClassVar[int] = 0  # hooks and statistics being gathered, in the whole process
-    __slots__ = ("busy", "group", "home", "hooks", "launched", "op", "ranges", "recorder", "refusal", "running",
-                 "seq", "sinks", "thread", "up")  # fmt: skip
+    hooks_running: ClassVar[int] = 0  # hook lists running now, in the whole process
+    __slots__ = ("busy", "group", "home", "hooking", "hooks", "launched", "op", "ranges", "recorder", "refusal",
+                 "running", "seq", "sinks", "thread", "up")  # fmt: skip
 
     def __init__(self, events: int = 256) -> None:
         self.busy = threading.Lock()  # held while an operation runs
@@ -119,9 +128,24 @@ class CallState:
         self.group = "world"  # the communicator's name in events: "world", or its world ranks
         self.sinks: list[Statistics] = []  # statistics being gathered (the configuration's, open profiles)
         self.hooks: list[Hook] = []
+        self.hooking = 0  # the thread running its hooks, while they run
         self.up: CallState | None = None  # the parent communicator's: its statistics and hooks see ours too
         self.ranges: tuple[Any, ...] = ()  # the profiler ranges of the running operation
         self.home: tuple[str, int, int] = ("", 0, 0)  # its (group, rank, size), once an operation has asked
+
+    def hook_refusal(self, name: str) -> CommError | None:
+        """Why ``name`` is refused when a hook that observes this communicator (its own, or a
+        parent's) runs in this thread; ``None`` when none does."""
+        me, state = threading.get_ident(), self
+        while state is not None:
+            if state.hooking == me:
+                return CommError(
+                    f"{name}: a hook cannot issue operations on a communicator whose operations it observes: "
+                    "it would run on the ranks whose hook issued it only, and pair with another operation on "
+                    "the others (nothing was sent)"
+                )
+            state = state.up
+        return None
 
     @property
     def event(self) -> Event | None:
@@ -152,10 +176,14 @@ class CallState:
             self.ranges = _open_ranges(f"communicator.{spec.name}", Event(record), _tensors(args, kwargs, payload))
         if CallState.observers:  # any hook or statistics anywhere: see whether they are ours
             state: CallState | None = self
-            while state is not None:
-                if state.hooks:
-                    _run(state.hooks, "pre", Event(record))
-                state = state.up
+            try:
+                while state is not None:
+                    if state.hooks:
+                        _run(state, "pre", Event(record))
+                    state = state.up
+            except BaseException as error:  # a KeyboardInterrupt in a hook: the call ends here, recorded
+                self.end(record, error)
+                raise
         return record
 
     def count(self, sent: int, received: int, size: int) -> None:
@@ -177,11 +205,14 @@ class CallState:
         if CallState.observers:
             event = Event(record)
             state: CallState | None = self
-            while state is not None:
+            while state is not None:  # every statistic first: a hook may raise a KeyboardInterrupt
                 for sink in state.sinks:
                     sink.add(event)
+                state = state.up
+            state = self
+            while state is not None:
                 if state.hooks:
-                    _run(state.hooks, "post", event)
+                    _run(state, "post", event)
                 state = state.up
 
 
@@ -209,6 +240,10 @@ def guarded(method: F, spec: Spec) -> F:
     @functools.wraps(method)
     def guard(self: Any, *args: Any, **kwargs: Any) -> Any:  # self: a Communicator
         calls = self._calls
+        if CallState.hooks_running:  # a hook runs somewhere: is it one that observes this communicator?
+            refusal = calls.hook_refusal(name)
+            if refusal is not None:
+                raise refusal
         if not calls.busy.acquire(False):
             if calls.thread == threading.get_ident():  # called by another operation: the outer call counts
                 return method(self, *args, **kwargs)

@@ -3,8 +3,10 @@
 A plain stream uses only the opcodes pickle protocol 5 writes for containers, numbers, strings,
 bytes, out-of-band buffers and calls (``STACK_GLOBAL`` then ``REDUCE``); its every length fits in
 the stream, and it has at most ``MAX_DEPTH`` tuple opcodes. What it names is then checked by
-:class:`PlainUnpickler`: only rebuilders of values that no opcode can change. Nothing in such a
-stream sets state, creates objects of named classes, or reaches the memo by a forged index.
+:class:`PlainUnpickler`: only rebuilders of values that no opcode can change, each charged what it
+allocates before it runs. Nothing in such a stream sets state, creates objects of named classes, or
+reaches the memo by a forged index; and nothing it hashes (a dict key, a set element) holds a tuple,
+frozenset or long integer shared through the memo, whose hash could visit it exponentially often.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 import communicator.rebuild as rebuild
 from communicator.codec import PROTOCOL
 
-__all__ = ["MAX_DEPTH", "NotPlain", "PlainStream", "PlainUnpickler", "check_depth", "check_plain"]
+__all__ = ["MAX_DEPTH", "NotPlain", "OverBudget", "PlainStream", "PlainUnpickler", "check_depth", "check_plain"]
 
 # Values nest at most this deep. A plain stream has at most this many tuple opcodes, since a tuple's
 # hash recurses in C without a guard (this depth takes about 0.5 MB of C stack); a value built from
@@ -35,29 +37,55 @@ class NotPlain(Exception):
     """The stream names something that only the opcode-by-opcode unpickler may handle."""
 
 
+class OverBudget(Exception):
+    """Decoding would allocate more than the payload's allowance."""
+
+
 def _counted(code: int) -> bytes:
     """An opcode, a one-byte length, then that many bytes."""
     lengths = b"|".join(re.escape(bytes([n])) + b".{%d}" % n for n in range(256))
     return re.escape(bytes([code])) + b"(?:" + lengths + b")"
 
 
-# No argument: constants, containers, marks, memo, calls, buffers.
-_BARE_OPS = b"N\x88\x89]}\x8faesu\x90\x91(\x9401)\x93R\x97\x98"
 _TUPLE_OPS = b"\x85\x86\x87t"
-# Each opcode and what it takes (see pickletools), most frequent first.
-_TOKENS = [rb"G.{8}", rb"h.", b"[" + re.escape(_BARE_OPS) + b"]", rb"K.", rb"J.{4}", rb"M..", rb"j.{4}", rb"\x95.{8}"]
-_TOKENS += [rb"\x80.", *(_counted(code) for code in (0x8C, ord("C"), 0x8A))]
+_NUMBERS = [rb"G.{8}", rb"K.", rb"J.{4}", rb"M..", rb"\x95.{8}", rb"\x80.", _counted(0x8A)]
+_STRINGS = [_counted(0x8C), _counted(ord("C"))]
+_GETS = [rb"h.", rb"j.{4}"]
+# No argument: constants, marks, appends, pops, buffers; what creates the objects MEMOIZE may follow
+# in a stream that reads its memo (lists, dicts, sets, names, call results); what hashes.
+_BARE_OPS = b"N\x88\x89ae(01)\x97\x98"
+_CREATE_OPS = b"]}\x8f\x93R"
+_HASH_OPS = b"su\x90\x91"
+
+
+def _any(ops: bytes) -> bytes:
+    return b"[" + re.escape(ops) + b"]"
+
+
+# Three kinds of plain stream, so that nothing hashed can hold a value shared through the memo whose
+# hash is not cached (a tuple or torch.Size, a frozenset's elements when compared, a long integer):
+# "unshared": the memo is never read; "unhashed": no dict item, set or frozenset; "shared": the memo
+# is read and values hashed, but it holds only strings, bytes and what _CREATE_OPS make (the only
+# kind in which a torch.Size may not be built). Tried in this order; a failing check stops early.
+_KINDS: dict[str, list[bytes]] = {
+    "unshared": [*_STRINGS, _any(_BARE_OPS + _CREATE_OPS + _HASH_OPS + b"\x94")],
+    "unhashed": [*_GETS, *_STRINGS, _any(_BARE_OPS + _CREATE_OPS + b"\x94")],
+    "shared": [*_GETS, *(s + b"\x94?" for s in _STRINGS), _any(_CREATE_OPS) + b"\x94?", _any(_BARE_OPS + _HASH_OPS)],
+}
 
 
 @functools.cache
-def _run(with_tuples: bool) -> re.Pattern[bytes]:
-    """Runs of plain opcodes; without ``with_tuples``, stopping at each tuple opcode. Compiled on
-    first use: it takes tens of milliseconds."""
-    tokens = [*_TOKENS, b"[" + re.escape(_TUPLE_OPS) + b"]"] if with_tuples else _TOKENS
+def _run(kind: str, with_tuples: bool) -> re.Pattern[bytes]:
+    """Runs of the opcodes a plain stream of ``kind`` may use; without ``with_tuples``, stopping at
+    each tuple opcode. Compiled on first use: it takes tens of milliseconds."""
+    tokens = [*_KINDS[kind], *_NUMBERS]
+    if with_tuples:
+        tokens.append(_any(_TUPLE_OPS))
     return re.compile(b"(?:" + b"|".join(tokens) + b")*+", re.DOTALL)
 
 
 # Opcodes with a 4- or 8-byte length, checked here: the C unpickler allocates some before reading.
+# Each but LONG4 makes a string or bytes, which a stream of any kind may memoise.
 _LONG_COUNTED = {ord("X"): 4, ord("B"): 4, 0x8B: 4, 0x8D: 8, 0x8E: 8, 0x96: 8}
 _CONTAINER_BYTES = b"]}\x8f\x91"
 # Upper bounds of what the C unpickler allocates: per stream byte (numbers, strings, memo entries,
@@ -83,6 +111,8 @@ def _is_plain(stream: memoryview, run: re.Pattern[bytes]) -> bool:
             if start > end or size < 0 or start + size > end:
                 return False
             pos = start + size
+            if code != 0x8B and pos < end and stream[pos] == pickle.MEMOIZE[0]:
+                pos += 1
         else:
             return code == pickle.STOP[0] and pos == end - 1
 
@@ -94,6 +124,7 @@ class PlainStream:
     cost: int  # an upper bound of the bytes unpickling it allocates
     containers: int  # an upper bound of the containers it builds, so of how deep they nest
     names: bool  # it may name rebuilders (it holds a STACK_GLOBAL byte)
+    shared: bool  # it may hash values read from its memo
 
 
 _SMALL = 4096  # below this many bytes, worst cases are cheaper than counting
@@ -119,12 +150,14 @@ def check_plain(stream: memoryview) -> PlainStream | None:
         tuple_bytes, containers, calls = count(_TUPLE_OPS), count(_CONTAINER_BYTES), count(b"R")
         cost = _BYTE_COST * len(stream) + _CONTAINER_COST * (containers + tuple_bytes) + _CALL_COST * calls
         containers, names = containers + tuple_bytes, bool(count(pickle.STACK_GLOBAL))
-    plain = _is_plain(stream, _run(with_tuples=tuple_bytes <= MAX_DEPTH))
-    return PlainStream(cost, containers, names) if plain else None
+    with_tuples = tuple_bytes <= MAX_DEPTH
+    kind = next((kind for kind in _KINDS if _is_plain(stream, _run(kind, with_tuples))), None)
+    return None if kind is None else PlainStream(cost, containers, names, shared=kind == "shared")
 
 
-# Rebuilders whose values no opcode can change: a plain stream may call these. Arrays are made
-# read-only while the stream runs, so that SETITEM cannot write into them.
+# Rebuilders whose values no opcode can change: a plain stream may call these (torch_size only where
+# it hashes nothing read from the memo: a torch.Size is a tuple). Arrays are made read-only while the
+# stream runs, so that SETITEM cannot write into them.
 _IMMUTABLE_RESULTS: tuple[Callable[..., Any], ...] = (
     *(rebuild.numpy_scalar, rebuild.numpy_dtype, rebuild.torch_size, rebuild.torch_device, rebuild.complex_number),
     *(rebuild.date, rebuild.time, rebuild.datetime, rebuild.timedelta, rebuild.timezone, rebuild.path),
@@ -133,25 +166,35 @@ _IMMUTABLE_RESULTS: tuple[Callable[..., Any], ...] = (
 
 class PlainUnpickler(pickle.Unpickler):
     """The C unpickler, for a plain stream: it resolves only the rebuilders of unchangeable values
-    and of arrays, and raises :class:`NotPlain` for any other name."""
+    and of arrays, and raises :class:`NotPlain` for any other name. Each call is charged what it
+    allocates (:func:`communicator.rebuild.allocation`) from ``allowance`` before it runs (its
+    arguments may be memo references), and raises :class:`OverBudget` beyond it."""
 
     _NAMES: ClassVar[dict[tuple[str, str], Callable[..., Any]]] = {
         (rebuild.__name__, f.__name__): f for f in (*_IMMUTABLE_RESULTS, rebuild.ndarray)
     }
 
-    def __init__(self, stream: memoryview, buffers: Sequence[memoryview], call: Callable[..., Any]) -> None:
+    def __init__(
+        self, stream: memoryview, buffers: Sequence[memoryview], call: Callable[..., Any], allowance: int, shared: bool
+    ) -> None:
         super().__init__(io.BytesIO(stream), buffers=buffers)
-        self._call = call
+        self._call, self._left, self._shared = call, allowance, shared
         self._frozen: list[np.ndarray] = []
 
     def find_class(self, module: str, name: str) -> Any:
         found = self._NAMES.get((module, name))
-        if found is None:
+        if found is None or (found is rebuild.torch_size and self._shared):
             raise NotPlain
-        return self._read_only_array if found is rebuild.ndarray else lambda *args: self._call(found, args)
+        return self._read_only_array if found is rebuild.ndarray else lambda *args: self._charged(found, args)
+
+    def _charged(self, rebuilder: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        self._left -= rebuild.allocation(rebuilder, args)
+        if self._left < 0:
+            raise OverBudget
+        return self._call(rebuilder, args)
 
     def _read_only_array(self, *args: Any) -> np.ndarray:
-        array: np.ndarray = self._call(rebuild.ndarray, args)
+        array: np.ndarray = self._charged(rebuild.ndarray, args)
         if array.flags.writeable:
             array.flags.writeable = False
             self._frozen.append(array)

@@ -4,7 +4,7 @@ The default codec sends CPU/CUDA tensors this way. The ``"safe"`` codec sends ev
 torch value, complex number, date, path and ``collections`` container this way, so a receiver
 never runs NumPy's or torch's own reconstruction code, which trusts its input. Every function here
 checks its arguments before building anything and raises ``pickle.UnpicklingError`` naming what is
-wrong; none allocates more than its arguments hold, except a move to the receiving GPU.
+wrong; :func:`allocation` bounds what each call allocates, before it is made.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ __all__ = [
     "REBUILDERS",
     "TORCH_DTYPES",
     "NotRebuildable",
+    "allocation",
     "receive_device",
     "reduce_tensor",
     "safe_reduction",
@@ -263,6 +264,52 @@ REBUILDERS: tuple[Callable[..., Any], ...] = (
     ndarray, numpy_scalar, numpy_dtype, tensor, torch_size, torch_device, complex_number, date, time,
     datetime, timedelta, timezone, path, ordered_dict, default_dict, counter, deque,
 )  # fmt: skip
+
+_CALL_BYTES = 512  # a result's header: an array, a tensor, a date, a small container
+
+
+def _nbytes(data: Any) -> int:
+    return memoryview(data).nbytes if type(data) in (bytes, bytearray, memoryview) else 0
+
+
+def _tensor_copies(data: Any, dtype: Any, shape: Any, requires_grad: Any, was_cuda: Any, parameter: Any) -> int:
+    nbytes = _nbytes(data)
+    copied = nbytes if nbytes and memoryview(data).readonly else 0  # see tensor(): read-only bytes are copied
+    return copied + (nbytes if was_cuda is True and receive_device.get() is not None else 0)
+
+
+def _items(value: Any, kind: type, per_item: int) -> int:
+    return per_item * len(value) if type(value) is kind else 0
+
+
+def _path_copies(kind: Any, text: Any) -> int:
+    # What a path derives from its string (parts, interned; a lower-cased copy; its str and hash):
+    # up to about 55 bytes per byte of text, for parts of two characters.
+    return 64 * len(text) * (1 if text.isascii() else 4) if type(text) is str else 0
+
+
+# What each call copies of its arguments, in bytes. An argument may be a memo reference that many
+# calls share, so every call pays for its own copy.
+_COPIES: dict[Callable[..., Any], Callable[..., int]] = {
+    tensor: _tensor_copies,
+    torch_size: lambda dims: _items(dims, tuple, 8),
+    path: _path_copies,
+    ordered_dict: lambda items: _items(items, dict, 256),  # a dict and a linked list of nodes
+    default_dict: lambda factory, items: _items(items, dict, 136),
+    counter: lambda items: _items(items, dict, 136),
+    deque: lambda items, maxlen: _items(items, list, 16),
+}
+
+
+def allocation(rebuilder: Callable[..., Any], args: tuple[Any, ...]) -> int:
+    """An upper bound of the bytes ``rebuilder(*args)`` allocates (a move to the GPU included),
+    known before the call; arguments of the wrong number or type (refused by the call) cost its header."""
+    copies = _COPIES.get(rebuilder)
+    try:
+        return _CALL_BYTES + (copies(*args) if copies is not None else 0)
+    except TypeError:  # the wrong number of arguments: the call refuses them
+        return _CALL_BYTES
+
 
 # -- the sending side --------------------------------------------------------------------------
 

@@ -3,12 +3,16 @@
 Whatever bytes arrive, a receiver
 
 - imports and calls nothing outside the allow-list (:data:`CALLABLES`, :data:`VALUES`) and the
-  names the user trusts; a name is looked up in its module only, never through attributes;
+  names the user trusts; a name is looked up in its module only, never through attributes; a
+  prefix trusts classes only, in modules already imported;
 - rebuilds arrays, tensors and the other allowed values from plain data (``communicator.rebuild``),
   never through NumPy's or torch's own reconstruction helpers;
 - sets state (``BUILD``) and adds items only to plain containers and to instances of trusted classes;
-- allocates at most ``max_expansion`` bytes per received byte plus 1 MiB, and refuses values nested
-  deeper than the recursion limit.
+- allocates at most ``max_expansion`` bytes per received byte plus 1 MiB, every call's result and
+  copy included, and refuses values nested deeper than the recursion limit;
+- hashes dict keys and set elements whose tuples hold at most as many items, counted each time
+  they are reached, as that allowance has bytes (a tuple shared through the memo is counted each
+  time it is referenced).
 
 A plain stream (containers, numbers, strings, arrays and other values no opcode can change: see
 ``communicator.plain_stream``) is unpickled by the C unpickler; any other stream runs in
@@ -32,7 +36,7 @@ import torch
 import communicator.rebuild as rebuild
 from communicator.codec import PROTOCOL, BufferCallback, Codec, pickle_pieces
 from communicator.config import DEFAULT_SAFE_MAX_EXPANSION
-from communicator.plain_stream import MAX_DEPTH, NotPlain, PlainUnpickler, check_depth, check_plain
+from communicator.plain_stream import MAX_DEPTH, NotPlain, OverBudget, PlainUnpickler, check_depth, check_plain
 
 __all__ = ["CALLABLES", "DEFAULT_MAX_EXPANSION", "VALUES", "SafeCodec", "UnsafePayloadError"]
 
@@ -66,10 +70,22 @@ def _refusal(qualified: str) -> str:
     )
 
 
-def _is_trusted(module: str, name: str, trusted: Sequence[str]) -> bool:
-    """``module.name`` is listed exactly, or ``module`` is inside a listed prefix (``"pkg."``)."""
-    qualified = f"{module}.{name}"
-    return any(entry == qualified or (entry.endswith(".") and f"{module}.".startswith(entry)) for entry in trusted)
+def _listed(module: str, name: str, trusted: Sequence[str]) -> bool:
+    """``module.name`` is listed exactly."""
+    return f"{module}.{name}" in trusted
+
+
+def _under_prefix(module: str, trusted: Sequence[str]) -> bool:
+    """``module`` is inside a listed prefix (``"pkg."``), and is no ``__main__``: a prefix never
+    reaches a script's own module."""
+    return "__main__" not in module.split(".") and any(
+        entry.endswith(".") and f"{module}.".startswith(entry) for entry in trusted
+    )
+
+
+def _is_trusted(module: str, name: str, trusted: Sequence[str], is_class: bool) -> bool:
+    """Listed exactly, or a class under a listed prefix: a prefix trusts no function."""
+    return _listed(module, name, trusted) or (is_class and _under_prefix(module, trusted))
 
 
 def _resolve_trusted(module: str, name: str, trusted: Sequence[str]) -> Any:
@@ -78,10 +94,18 @@ def _resolve_trusted(module: str, name: str, trusted: Sequence[str]) -> Any:
             f"the 'safe' serializer refused the name {name!r} in module {module!r}: a name is looked up "
             "in its module only, never through attributes (trust classes defined at module level)"
         )
-    if not _is_trusted(module, name, trusted):
+    listed = _listed(module, name, trusted)
+    if not listed and not _under_prefix(module, trusted):
         raise UnsafePayloadError(_refusal(f"{module}.{name}"))
+    loaded = sys.modules.get(module)
+    if loaded is None and not listed:  # importing would run the module's code: a prefix never imports
+        raise UnsafePayloadError(
+            f"the 'safe' serializer refused {module}.{name}: a trusted prefix looks names up only in modules "
+            f"this process has already imported, and {module!r} is not one (import it first, or trust "
+            f"the exact name {module}.{name})"
+        )
     try:
-        found = vars(importlib.import_module(module)).get(name)
+        found = vars(loaded if loaded is not None else importlib.import_module(module)).get(name)
     except ImportError as error:
         raise UnsafePayloadError(
             f"the 'safe' serializer cannot import the trusted module {module!r}: {error}"
@@ -90,6 +114,11 @@ def _resolve_trusted(module: str, name: str, trusted: Sequence[str]) -> Any:
         raise UnsafePayloadError(
             f"the 'safe' serializer refused {module}.{name}: it is not a class or function defined under "
             "that name in that module"
+        )
+    if not listed and not isinstance(found, type):
+        raise UnsafePayloadError(
+            f"the 'safe' serializer refused {module}.{name}: a trusted prefix trusts classes only, never "
+            f"functions (trust the exact name {module}.{name} to let payloads call it)"
         )
     return found
 
@@ -107,10 +136,6 @@ def _malformed(what: str) -> UnsafePayloadError:
     return UnsafePayloadError(f"the 'safe' serializer refused a malformed payload: {what}")
 
 
-class _OverBudget(Exception):
-    """Decoding would allocate more than the payload's allowance."""
-
-
 def _rebuild(rebuilder: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     """Call a rebuilder; its complaint about an argument becomes a refusal naming it."""
     try:
@@ -122,6 +147,9 @@ def _rebuild(rebuilder: Callable[..., Any], args: tuple[Any, ...]) -> Any:
 
 
 # -- every other stream: one opcode at a time ---------------------------------------------------
+
+# Hashable values whose hash is not cached and visits what they hold (ints are weighed apart).
+_HASHED_ITEMS = frozenset({tuple, frozenset, torch.Size})
 
 Handler = Callable[["_SafeUnpickler"], "bool | None"]
 
@@ -154,7 +182,7 @@ class _SafeUnpickler:
 
     def __init__(self, stream: memoryview, buffers: Sequence[memoryview], trusted: Sequence[str], budget: int) -> None:
         self.data, self.pos, self.buffers, self.used_buffers = stream, 0, buffers, 0
-        self.trusted, self.left = trusted, budget
+        self.trusted, self.left, self.hashing_left = trusted, budget, budget
         self.stack: list[Any] = []
         self.marks: list[list[Any]] = []
         self.memo: list[Any] = []
@@ -162,6 +190,7 @@ class _SafeUnpickler:
         self.trusted_objects: dict[int, Any] = {}  # what they built (kept alive, so ids stay unique)
         self.trusted_types: dict[type, bool] = {}
         self.depths: dict[int, tuple[int, Any]] = {}  # tuples and frozensets holding others: their depth
+        self.weights: dict[int, tuple[int, Any]] = {}  # tuples and frozensets hashed: their weight
         self.containers = 0
 
     def load(self) -> Any:
@@ -172,7 +201,7 @@ class _SafeUnpickler:
             if ops[code](self):
                 return self.result()
             if self.left < 0:  # handlers charge what they allocate
-                raise _OverBudget
+                raise OverBudget
         raise _malformed("it ends before its STOP opcode")
 
     def result(self) -> Any:
@@ -183,7 +212,7 @@ class _SafeUnpickler:
     def spend(self, nbytes: int) -> None:
         self.left -= nbytes
         if self.left < 0:
-            raise _OverBudget
+            raise OverBudget
 
     def read(self, n: int) -> memoryview:
         end = self.pos + n
@@ -226,7 +255,7 @@ class _SafeUnpickler:
         verdict = self.trusted_types.get(cls)
         if verdict is None:
             module, name = cls.__module__, cls.__qualname__
-            verdict = self.trusted_types[cls] = name.isidentifier() and _is_trusted(module, name, self.trusted)
+            verdict = self.trusted_types[cls] = name.isidentifier() and _is_trusted(module, name, self.trusted, True)
         return verdict
 
     def refuse_target(self, opcode: str, target: Any, allowed: str) -> UnsafePayloadError:
@@ -258,6 +287,48 @@ class _SafeUnpickler:
             self.depths[id(value)] = (depth, value)
         self.stack.append(value)
 
+    def hashes(self, keys: Sequence[Any]) -> None:
+        """Charge hashing ``keys`` (dict keys, set elements) before it happens: a tuple's hash visits
+        every item, again each time a tuple shared through the memo is referenced."""
+        for key in keys:
+            kind = type(key)
+            if kind is int:
+                self.hashing_left -= key.bit_length() >> 6  # a long integer's hash reads every digit
+            elif kind in _HASHED_ITEMS:
+                self.hashing_left -= self.weight(key)
+        if self.hashing_left < 0:
+            raise UnsafePayloadError(
+                "the 'safe' serializer refused a payload whose dict keys and set elements hold more tuple "
+                "items, counted each time they are reached, than its allowance has bytes: hashing them "
+                "could take without end (tuples shared through the memo); raise "
+                "CommConfig(safe_max_expansion=...) if it is legitimate"
+            )
+
+    def weight(self, root: tuple[Any, ...] | frozenset[Any]) -> int:
+        """The items hashing or comparing ``root`` visits, counted with repetition; each distinct
+        tuple is walked once (iteratively: keys nest up to ``MAX_DEPTH`` deep)."""
+        known, pending = self.weights, [root]
+        while pending:
+            node = pending[-1]
+            entry = known.get(id(node))
+            if entry is not None and entry[1] is node:
+                pending.pop()
+                continue
+            inner = [i for i in node if type(i) in _HASHED_ITEMS and known.get(id(i), (0, None))[1] is not i]
+            if inner:
+                pending.extend(inner)
+                continue
+            total = 1
+            for item in node:
+                kind = type(item)
+                total += (
+                    known[id(item)][0] if kind in _HASHED_ITEMS else 1 + (item.bit_length() >> 6 if kind is int else 0)
+                )
+            self.spend(128)
+            known[id(node)] = (total, node)
+            pending.pop()
+        return known[id(root)][0]
+
     def find_class(self, module: Any, name: Any) -> Any:
         if type(module) is not str or type(name) is not str:
             raise _malformed("STACK_GLOBAL needs two strings")
@@ -272,8 +343,9 @@ class _SafeUnpickler:
             raise _malformed(f"{opcode} needs a tuple of arguments")
         rebuilder = _CALLABLE_BY_ID.get(id(func))
         if rebuilder is not None and rebuilder is func and opcode == "REDUCE":
-            copied = sum(len(a) for a in args if type(a) in (dict, list))
-            self.spend(512 + 136 * copied)
+            self.spend(rebuild.allocation(rebuilder, args))
+            if rebuilder is rebuild.ordered_dict and len(args) == 1 and type(args[0]) is dict:
+                self.hashes(list(args[0]))  # an OrderedDict hashes its keys again
             return _rebuild(rebuilder, args)
         trusted: Any = self.trusted_names.get(id(func))
         if trusted is not None and trusted is func and (opcode == "REDUCE" or isinstance(trusted, type)):
@@ -284,7 +356,7 @@ class _SafeUnpickler:
         value = _VALUE_NAMES.get(id(func))
         raise UnsafePayloadError(
             f"the 'safe' serializer refused {opcode} of {value or _describe(func)}: it calls only the rebuilders "
-            f"of {rebuild.__name__} and trusted classes and functions"
+            f"of {rebuild.__name__}, trusted classes and functions listed by their exact names"
             + (f" ({value} may be sent as a value, never called)" if value else "")
         )
 
@@ -390,6 +462,7 @@ def _readonly_buffer(u: _SafeUnpickler) -> None:
     if type(u.top("READONLY_BUFFER")) is not memoryview:
         raise _malformed("READONLY_BUFFER applies only to an out-of-band buffer")
     u.stack[-1] = u.stack[-1].toreadonly()
+    u.left -= 200  # a new memoryview
 
 
 @_op(pickle.EMPTY_LIST, pickle.EMPTY_DICT, pickle.EMPTY_SET, pickle.EMPTY_TUPLE)
@@ -436,6 +509,7 @@ def _setitems(u: _SafeUnpickler) -> None:
     u.left -= 136 * len(items) // 2
     if type(target) is not dict and not u.is_trusted_object(target):
         raise u.refuse_target("SETITEMS", target, "dicts")
+    u.hashes(items[::2])
     for i in range(0, len(items), 2):
         target[items[i]] = items[i + 1]
 
@@ -445,6 +519,7 @@ def _additems(u: _SafeUnpickler) -> None:
     items = u.pop_mark("ADDITEMS")
     target = u.top("ADDITEMS")
     u.spend(136 * len(items))
+    u.hashes(items)
     if type(target) is set:
         target.update(items)
     elif u.is_trusted_object(target):
@@ -457,6 +532,7 @@ def _additems(u: _SafeUnpickler) -> None:
 @_op(pickle.FROZENSET)
 def _frozenset(u: _SafeUnpickler) -> None:
     items = u.pop_mark("FROZENSET")
+    u.hashes(items)
     u.immutable(frozenset(items), items, 232 + 136 * len(items))
 
 
@@ -520,6 +596,10 @@ def _build(u: _SafeUnpickler) -> None:
     slots = None
     if isinstance(state, tuple) and len(state) == 2:
         state, slots = state
+    for part in (state, slots):  # copied into the instance, keys hashed again: a memo may share them
+        if type(part) is dict:
+            u.spend(136 * len(part))
+            u.hashes(list(part))
     if state:
         target.__dict__.update({sys.intern(k) if type(k) is str else k: v for k, v in state.items()})
     for key, value in (slots or {}).items():
@@ -571,15 +651,18 @@ class _SafePickler(pickle.Pickler):
         module, name = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
         if type(module) is not str or type(name) is not str:
             return False
-        return _ALLOWED.get((module, name)) is obj or (name.isidentifier() and _is_trusted(module, name, self._trusted))
+        if _ALLOWED.get((module, name)) is obj:
+            return True
+        return name.isidentifier() and _is_trusted(module, name, self._trusted, isinstance(obj, type))
 
 
 class SafeCodec(Codec):
     """Pickle protocol 5 with a restricted unpickler: nothing outside an allow-list is imported or called.
 
-    ``trusted`` adds exact names (``"pkg.mod.Class"``) or module prefixes ending in a dot (``"pkg."``).
-    Decoding may allocate ``max_expansion`` bytes per received byte, plus 1 MiB. Senders check the
-    same list while pickling, so a refused value fails on the rank that sent it.
+    ``trusted`` adds exact names (``"pkg.mod.Class"``, or a function) or module prefixes ending in a
+    dot (``"pkg."``: the classes of the modules under it that are already imported). Decoding may
+    allocate ``max_expansion`` bytes per received byte, plus 1 MiB. Senders check the same list
+    while pickling, so a refused value fails on the rank that sent it.
     """
 
     name = "safe"
@@ -600,7 +683,7 @@ class SafeCodec(Codec):
             check_depth(value, containers)
         except UnsafePayloadError:
             raise
-        except _OverBudget:
+        except OverBudget:
             raise UnsafePayloadError(
                 f"the 'safe' serializer refused a payload of {received} bytes: decoding it would allocate more than "
                 f"{budget} bytes (safe_max_expansion={self.max_expansion} bytes per byte, plus 1 MiB); raise "
@@ -621,7 +704,9 @@ class SafeCodec(Codec):
             if not plain.names:  # containers, numbers and strings only: nothing to resolve
                 return pickle.loads(stream, buffers=buffers), plain.containers
             try:
-                return PlainUnpickler(stream, buffers, _rebuild).load(), plain.containers
+                return PlainUnpickler(
+                    stream, buffers, _rebuild, budget - plain.cost, plain.shared
+                ).load(), plain.containers
             except NotPlain:
                 pass  # it names something only the opcode-by-opcode unpickler handles
         unpickler = _SafeUnpickler(stream, buffers, self.trusted, budget)

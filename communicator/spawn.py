@@ -21,6 +21,7 @@ import torch
 
 from communicator.config import CommConfig, ConfigLike
 from communicator.errors import CommTimeoutError, ConfigError, RemoteError, RemoteFailure
+from communicator.launchers import launcher_variables
 from communicator.launchers.local import free_port
 
 __all__ = ["free_port", "launch"]
@@ -48,6 +49,10 @@ def _rank_main(
     env: Mapping[str, str],
     trace_path: str,
 ) -> None:
+    # The ranks form a job of their own, also when launch() runs inside a torchrun, srun or mpirun
+    # rank: nothing of the enclosing job's launcher may reach them (see launcher_variables).
+    for name in launcher_variables(os.environ):
+        del os.environ[name]
     os.environ.update(
         {
             "MASTER_ADDR": "127.0.0.1",
@@ -135,7 +140,10 @@ def launch(
 
     Each process gets torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, a
     free ``MASTER_PORT``, ...) plus ``env`` (a mapping, or a function of the rank), and runs ``fn``
-    inside ``Communicator.create(cfg)``. ``cfg=None`` means ``{"backend": "gloo"}``.
+    inside ``Communicator.create(cfg)``. ``cfg=None`` means ``{"backend": "gloo"}``. Called in a
+    rank of a launched job (torchrun, ``srun``, ``mpirun``), it starts a job of its own: the
+    launchers' variables of the caller's environment (``TORCHELASTIC_*``, ``SLURM_*``, ``OMPI_*``, ...;
+    see :func:`communicator.launchers.launcher_variables`) do not reach the new ranks.
 
     Raises:
         RemoteError: a rank raised or died; it names the rank, its error and its traceback. The

@@ -12,16 +12,18 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import PrefixStore
 from typing_extensions import override
 
-import communicator.faults as faults
-import communicator.stalls as stalls
 import communicator.startup as startup
 import communicator.wire as wire
 from communicator.arguments import TRANSFER_TAG
 from communicator.base import Communicator
 from communicator.config import CommConfig
-from communicator.errors import CollectiveMismatchError, CommError, NotMemberError, RemoteFailure
+from communicator.control import Control
+from communicator.control.log import Store
+from communicator.control.waiting import PointToPoint, Together
+from communicator.errors import CommError, NotMemberError
 from communicator.factory import TORCH
 from communicator.groups import GroupPair, Groups
 from communicator.handles import Work
@@ -69,15 +71,16 @@ class GroupScope:
     companion: dist.ProcessGroup  # the gloo group objects travel on (``group`` itself under gloo)
     global_ranks: tuple[int, ...]  # world rank of each of the communicator's ranks, in its order
     topology: Topology
-    board: faults.FailureBoard
     groups: Groups  # the torch groups the world created, shared by its subgroups
-    watcher: stalls.Watcher  # publishes this process's status for the world, shared by its subgroups
+    namespace: str  # the world communicator's name in the rendezvous store, the same on every rank
+    store: Store | None = None  # that namespace of the store (a world communicator's)
+    board: str = ""  # the subgroup's namespace inside its parent's (a subgroup's)
     parent: TorchComm | None = None
 
     @classmethod
     def world(cls, config: CommConfig, topology: Topology | None = None) -> GroupScope:
-        """The initialised default group, with a fresh failure board (no communication: ranks create
-        communicators in the same order, so the count of boards made names one namespace everywhere)."""
+        """The initialised default group, with a fresh namespace in the store (no communication:
+        ranks create communicators in the same order, so the count of them names one namespace everywhere)."""
         if not (dist.is_available() and dist.is_initialized()):
             raise CommError("TorchComm needs torch.distributed to be initialised (or build it with create())")
         world = dist.distributed_c10d._get_default_group()
@@ -88,21 +91,16 @@ class GroupScope:
             world if backend == "gloo" else dist.new_group(list(range(size)), backend="gloo", timeout=config.timeout)
         )
         cls._boards += 1
-        board = faults.FailureBoard.in_store(
-            dist.distributed_c10d._get_default_store(),
-            f"communicator/{world.group_name}/",
-            size,
-            f"board{cls._boards}/",
-        )
+        namespace = f"{world.group_name}/board{cls._boards}/"
+        store = PrefixStore(f"communicator/{namespace}", dist.distributed_c10d._get_default_store())
         layout = topology or Topology.from_environ(dist.get_rank(), size)
-        watcher = stalls.Watcher(board, dist.get_rank())
-        return cls(world, companion, tuple(range(size)), layout, board, groups, watcher)
+        return cls(world, companion, tuple(range(size)), layout, groups, namespace, store)
 
-    _boards = 0  # boards made in this process
+    _boards = 0  # world communicators made in this process
 
     def release(self) -> None:
         """Drop the references to the torch groups (their communicator closed)."""
-        for name in ("group", "companion"):
+        for name in ("group", "companion", "store"):
             vars(self).pop(name, None)
 
 
@@ -128,13 +126,15 @@ class TorchComm(Communicator):
         self._rank = scope.global_ranks.index(dist.get_rank())
         self._limit = self.config.timeout.total_seconds()
         self._device = self._pick_device()
-        self._board = scope.board
-        self._board.announce_process(self._rank)
-        self._watch = stalls.Watch(
-            scope.watcher, self._board.name, self._calls, scope.global_ranks, self.config.stall_seconds
-        )
-        self._helper = faults.TransferWaiter()
-        self._broken: CommError | None = None
+        if scope.parent is None:
+            assert scope.store is not None
+            self._control = Control.for_world(
+                scope.store, self._rank, self.world_size, self._calls, self.config, scope.topology.local_size
+            )
+        else:
+            self._control = scope.parent._controlled().child(
+                scope.global_ranks, scope.board, self._rank, self._calls, self.config
+            )
         self._owned: startup.Started | None = None
         self._reason = "adopted the initialised default group (not owned)"
 
@@ -276,7 +276,7 @@ class TorchComm(Communicator):
         if self._backend == "gloo" and tensor.numel() * tensor.element_size() >= P2P_MIN_BYTES:
             others = [r for r in range(self.world_size) if r != self._rank]
             works = [self._irecv(outputs[r], r, TRANSFER_TAG) for r in others]
-            return _Together(works + [self._isend(tensor, r, TRANSFER_TAG) for r in others])
+            return Together(works + [self._isend(tensor, r, TRANSFER_TAG) for r in others])
         ordered = [self._carry(outputs[self._local_of_group[g]]) for g in range(self.world_size)]
         return _started(self._group.allgather([ordered], [self._carry(tensor)]))
 
@@ -287,71 +287,21 @@ class TorchComm(Communicator):
     @override
     def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
         work = dist.isend(tensor, group=self._group, group_dst=self._group_rank_of[dst], tag=tag)
-        return faults.PointToPoint(work, dst)
+        return PointToPoint(work, dst)
 
     @override
     def _irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
         work = dist.irecv(tensor, group=self._group, group_src=self._group_rank_of[src], tag=tag)
-        return faults.PointToPoint(work, src)
+        return PointToPoint(work, src)
 
     @override
     def _object_channel(self) -> TorchChannel:
         return TorchChannel(self._rank, self._scope.companion, self._group_rank_of, self._await)
 
-    # -- waiting and failures ------------------------------------------------------------------------
-
-    @override
-    def _wait(self, works: Sequence[Work], timeout: float | None = None) -> None:
-        flat = works if len(works) == 1 and not isinstance(works[0], _Together) else _flat(works)
-        try:
-            calls = self._calls
-            faults.wait(
-                flat, self._board, self._helper, self._rank, calls.seq, calls.op, timeout or self._limit, self._watch
-            )
-        except CommError as error:
-            raise self._abandon(error) from None
-
-    def _abandon(self, error: CommError) -> CommError:
-        """This rank leaves an operation unfinished: the group can no longer be trusted, and the
-        other ranks must hear of it (they may be waiting in the same operation)."""
-        if self._broken is None:
-            self._broken = error
-            self._calls.refusal = self._unusable
-            if isinstance(error, CollectiveMismatchError):
-                self._board.post_mismatch(error)
-            self._board.post(RemoteFailure.of(self._rank, error, self._calls.op))
-        return error
-
-    def _unusable(self, what: str) -> CommError:
-        return CommError(
-            f"{what}: this communicator is unusable since an earlier operation was abandoned "
-            f"({self._broken}); leave its block and create a new one"
-        )
-
-    @override
-    def _launch_failed(self, error: RuntimeError) -> CommError:
-        return self._abandon(faults.translate(error, self._board, self._rank, self._calls.seq, self._calls.op))
-
-    @override
-    def _announce_bad_arguments(self, error: BaseException, what: str) -> None:
-        self._board.post_input(self._calls.seq, RemoteFailure.of(self._rank, error, what))
-
-    @override
-    def _announce_failure(self, error: BaseException, where: str) -> None:
-        self._board.post(RemoteFailure.of(self._rank, error, where))
-        if self._broken is None:
-            self._broken = CommError(f"rank {self._rank} failed in {where}")
-            self._calls.refusal = self._unusable
-
-    @override
-    def _timed_barrier(self, timeout: float) -> None:
-        # Through the store, not the group: a rank that times out leaves the group intact, and every
-        # waiting rank names the late ones itself.
-        self._board.barrier(self._rank, self._calls.seq, timeout, self._calls.op, self._watch)
-
-    @override
-    def _patient_barrier(self, timeout: float | None) -> None:
-        self._timed_barrier(float("inf") if timeout is None else timeout)
+    def _controlled(self) -> Control:
+        """The control plane (every TorchComm has one, over the rendezvous store)."""
+        assert self._control is not None
+        return self._control
 
     # -- subgroups ----------------------------------------------------------------------------
 
@@ -361,17 +311,18 @@ class TorchComm(Communicator):
         rule, so it works across nodes); inside a subgroup only the members of each new group
         create it, since the other ranks of the job never call this."""
         everyone_creates = self._scope.parent is None
-        number = self._board.next_child()
+        board = self._controlled().board
+        number = board.next_child()
         mine: Communicator | None = None
         for index, members in enumerate(groups):
             world_ranks = [self._scope.global_ranks[r] for r in members]
             if not (everyone_creates or self._rank in members):
                 continue
             name = f"sub{number}.{index}/"
-            shared = None if everyone_creates else f"communicator/{self._board.name}{name}"
+            shared = None if everyone_creates else f"communicator/{self._scope.namespace}{board.name}{name}"
             pair = self._scope.groups.pair(tuple(sorted(world_ranks)), shared)
             if self._rank in members:
-                mine = SubgroupComm(self, world_ranks, pair, self._board.child(len(members), name))
+                mine = SubgroupComm(self, world_ranks, pair, name)
         return mine if mine is not None else NonMemberComm.outside(self, groups)
 
     def for_torch_group(self, group: dist.ProcessGroup) -> TorchComm:
@@ -390,9 +341,9 @@ class TorchComm(Communicator):
         world_ranks = dist.get_process_group_ranks(group)
         name = f"torch-group-{group.group_name}/"
         pair = root._scope.groups.companion_of(
-            group, tuple(sorted(world_ranks)), f"communicator/{root._board.name}{name}"
+            group, tuple(sorted(world_ranks)), f"communicator/{root._scope.namespace}{name}"
         )
-        return SubgroupComm(root, world_ranks, pair, root._board.child(len(world_ranks), name))
+        return SubgroupComm(root, world_ranks, pair, name)
 
     def _root(self) -> TorchComm:
         comm = self
@@ -404,32 +355,23 @@ class TorchComm(Communicator):
 
     @override
     def _teardown(self, error: BaseException | None) -> None:
-        failed = error is not None or self._broken is not None
-        try:
-            if error is not None:
-                self._board.post(RemoteFailure.of(self._rank, error, "the communicator's block"))
-            self._board.post_closed(self._rank, self._calls.seq, self._calls.op)
-        finally:
-            self._helper.stop()
-            self._scope.watcher.forget(self._board.name)
-            if self._scope.parent is None:
-                self._scope.watcher.stop()
-            if failed:  # its operations may never finish: their groups must outlive the process
-                self._scope.groups.keep_alive(self._group, self._scope.companion)
-            if self._owned is not None and dist.is_initialized():
-                linger = LINGER_SECONDS if failed or Communicator._exiting else self._limit
-                self._board.depart(self._rank, self._owned.hosts_store, linger)
-                if failed:
-                    with contextlib.suppress(Exception):
-                        self._group.abort()
-                dist.destroy_process_group()
-            elif self._scope.parent is None and dist.is_initialized():
-                self._scope.groups.destroy()
-            if self._owned is not None:
-                self._owned.environment.restore()
-            self._board.release()
-            if not failed:
-                self._release_groups()
+        control = self._controlled()
+        failed = error is not None or control.broken is not None
+        if failed:  # its operations may never finish: their groups must outlive the process
+            self._scope.groups.keep_alive(self._group, self._scope.companion)
+        if self._owned is not None and dist.is_initialized():
+            linger = LINGER_SECONDS if failed or Communicator._exiting else self._limit
+            control.board.depart(self._rank, self._owned.hosts_store, linger)
+            if failed:
+                with contextlib.suppress(Exception):
+                    self._group.abort()
+            dist.destroy_process_group()
+        elif self._scope.parent is None and dist.is_initialized():
+            self._scope.groups.destroy()
+        if self._owned is not None:
+            self._owned.environment.restore()
+        if not failed:
+            self._release_groups()
 
     def _release_groups(self) -> None:
         """Let torch free the groups now, while the interpreter runs. A group's destructor joins its
@@ -440,26 +382,6 @@ class TorchComm(Communicator):
         self._scope.release()
         if self._scope.parent is None:
             self._scope.groups.forget()
-
-
-def _flat(works: Sequence[Work]) -> list[Work]:
-    return [part for work in works for part in (work.works if isinstance(work, _Together) else (work,))]
-
-
-class _Together:
-    """Several started transfers that finish as one operation."""
-
-    __slots__ = ("works",)
-
-    def __init__(self, works: list[Work]) -> None:
-        self.works = works
-
-    def wait(self) -> None:
-        for work in self.works:
-            work.wait()
-
-    def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self.works)
 
 
 class TorchChannel:
@@ -514,12 +436,12 @@ class TorchChannel:
             work = dist.irecv(
                 torch.from_numpy(array), group=self._group, group_src=self._group_rank_of[peer], tag=TRANSFER_TAG
             )
-            works.append(faults.PointToPoint(work, peer))
+            works.append(PointToPoint(work, peer))
         for peer, array in sends:
             work = dist.isend(
                 torch.from_numpy(array), group=self._group, group_dst=self._group_rank_of[peer], tag=TRANSFER_TAG
             )
-            works.append(faults.PointToPoint(work, peer))
+            works.append(PointToPoint(work, peer))
         return lambda: self._finish(works)
 
     def _finish(self, works: list[Work]) -> None:
@@ -550,13 +472,11 @@ class SubgroupComm(TorchComm):
     given; wrap a subgroup in the subclass's own logic where that is needed.
     """
 
-    def __init__(
-        self, parent: TorchComm, global_ranks: Sequence[int], pair: GroupPair, board: faults.FailureBoard
-    ) -> None:
+    def __init__(self, parent: TorchComm, global_ranks: Sequence[int], pair: GroupPair, board: str) -> None:
         group, companion = pair
         shared = parent._scope
         scope = GroupScope(
-            group, companion, tuple(global_ranks), shared.topology, board, shared.groups, shared.watcher, parent
+            group, companion, tuple(global_ranks), shared.topology, shared.groups, shared.namespace, None, board, parent
         )
         super().__init__(parent.config, scope)
         self._reason = f"split from {type(parent).__name__} over world ranks {list(global_ranks)}"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from communicator import CollectiveMismatchError, Communicator, RemoteError
+from communicator import CollectiveMismatchError, CommError, Communicator, RemoteError
 from communicator.events import Event
 from communicator.guard import CallState
 from communicator.stats import Statistics
@@ -344,3 +344,65 @@ def test_closing_a_communicator_ends_its_observation() -> None:
     comm.close()
     assert CallState.observers == before  # ... and no longer once it is closed
     assert comm.stats()["all_reduce"].calls == 1  # its numbers stay readable
+
+
+def nested_in_hooks(comm: Communicator) -> tuple[list[float], list[str], list[str]]:
+    """Rank 0's hooks try operations on the communicator they observe, and on a subgroup's parent."""
+    refused: list[str] = []
+
+    def pre(event: Event) -> None:
+        if comm.rank == 0 and event.op == "all_reduce":
+            try:
+                comm.all_reduce(torch.full((1,), 100.0))  # unguarded, this paired with rank 1's real call
+            except CommError as error:
+                refused.append(str(error))
+            comm.barrier()  # not caught: the hook's error becomes a warning
+
+    sub = comm.split(color=0)  # every rank: a subgroup whose operations the parent's hooks see
+    handle = comm.add_hook(pre=pre)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        totals = [comm.all_reduce(torch.ones(1)).item(), sub.all_reduce(torch.ones(1)).item()]
+    handle.remove()
+    totals.append(comm.all_reduce(torch.ones(1)).item())  # still in step, hooks off
+    sub.close()
+    return totals, refused, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def test_a_hook_cannot_issue_operations_on_what_it_observes(run, world_size: int) -> None:
+    for rank, (totals, refused, warned) in enumerate(run(nested_in_hooks)):
+        assert totals == [world_size] * 3  # nothing mixed into the real collectives
+        if rank == 0:
+            assert len(refused) == 2 and all("a hook cannot issue operations" in m for m in refused), refused
+            assert "all_reduce: " in refused[0] and "(nothing was sent)" in refused[0]
+            assert len(warned) == 2 and all("CommError: barrier: a hook cannot issue" in m for m in warned), warned
+        else:
+            assert refused == warned == []
+    assert CallState.hooks_running == 0
+
+
+@pytest.mark.world_size(1)
+@pytest.mark.parametrize("stage", ["pre", "post"])
+@pytest.mark.parametrize("kind", [KeyboardInterrupt, SystemExit])
+def test_a_hook_that_raises_anything_leaves_the_recorder_and_status_consistent(
+    stage: str, kind: type[BaseException]
+) -> None:
+    comm = Communicator.create({"launcher": "none", "stats": True})
+    raised = []
+
+    def interrupt(event: Event) -> None:
+        if not raised:
+            raised.append(event.op)
+            raise kind("stop")
+
+    comm.add_hook(**{stage: interrupt})
+    with pytest.raises(kind):
+        comm.all_reduce(torch.ones(1))
+    [event] = comm.events()
+    assert event.state == ("failed" if stage == "pre" else "done"), event
+    assert stage == "post" or event.error == f"{kind.__name__}: stop"
+    assert comm._calls.event is None and CallState.hooks_running == 0  # the status says nothing runs
+    assert comm.stats()["all_reduce"].calls == 1
+    assert comm.all_reduce(torch.ones(1)).item() == 1.0  # the communicator goes on
+    assert [e.state for e in comm.events()][1:] == ["done"]
+    comm.close()

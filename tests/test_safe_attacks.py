@@ -9,6 +9,8 @@ opcode-by-opcode unpickler handles. Decodes that could crash the interpreter run
 from __future__ import annotations
 
 import copyreg
+import functools
+import importlib
 import os
 import pathlib
 import pickle
@@ -114,13 +116,14 @@ CHILD = textwrap.dedent(
 )
 
 
-def decode_in_child(payloads: list[bytes], trusted: tuple[str, ...] = ()) -> list[str]:
-    """Decode in a fresh interpreter: a crash fails the test instead of killing pytest."""
+def decode_in_child(payloads: list[bytes], trusted: tuple[str, ...] = (), timeout: float = CHILD_TIMEOUT) -> list[str]:
+    """Decode in a fresh interpreter: a crash (or a decode that never ends) fails the test instead
+    of killing (or holding) pytest."""
     result = subprocess.run(
         [sys.executable, "-c", CHILD],
         input=pickle.dumps((payloads, trusted)),
         capture_output=True,
-        timeout=CHILD_TIMEOUT,
+        timeout=timeout,
         check=False,
     )
     assert result.returncode == 0, f"the decoding process died ({result.returncode}): {result.stderr[-3000:]!r}"
@@ -174,7 +177,8 @@ DOTTED = b"\x80\x04\x8c\x0bmypkg.types\x8c\x0ftorch.os.system\x93\x8c\x0aecho PW
 
 @pytest.fixture
 def mypkg(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[pathlib.Path]:
-    """A real trusted package whose module imports torch and os.system."""
+    """A real trusted package, imported, whose module imports torch and os.system; beside it a
+    ``__main__`` and a module not imported yet, each of which writes a file when it runs."""
     package = tmp_path / "mypkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -182,9 +186,13 @@ def mypkg(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[p
         "import torch\nfrom os import system\n\n\nclass Box:\n    def __init__(self, v):\n        self.v = v\n\n\n"
         "def identity(value):\n    return value\n"
     )
+    for module in ("__main__", "lazy"):
+        ran = tmp_path / f"{module}-ran"
+        (package / f"{module}.py").write_text(f"open({str(ran)!r}, 'w').close()\n\n\nclass Box:\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("mypkg.types")  # a prefix looks names up only in modules already imported
     yield tmp_path / "pwned"
-    for module in ("mypkg.types", "mypkg"):
+    for module in ("mypkg.types", "mypkg.lazy", "mypkg.__main__", "mypkg"):
         sys.modules.pop(module, None)
 
 
@@ -211,8 +219,31 @@ def test_state_goes_only_to_instances_of_trusted_classes(mypkg: pathlib.Path) ->
     forged = tup(integer(3), text("<"), NONE, NONE, NONE, integer(8), integer(8), integer(0))
     for target in (dtype, ARRAY, b"}"):
         payload = stream(name("mypkg.types", "identity") + tup(target) + b"R" + forged + b"b")
-        refused(payload, "refused BUILD", trusted=["mypkg."])
+        refused(payload, "refused BUILD", trusted=["mypkg.", "mypkg.types.identity"])
     assert np.dtype("<f8").fields is None and np.dtype("<f8").itemsize == 8
+
+
+def test_a_prefix_trusts_classes_and_never_functions(mypkg: pathlib.Path) -> None:
+    identity = stream(call("mypkg.types", "identity", integer(3)))
+    assert "a trusted prefix trusts classes only, never functions" in refused(identity, trusted=["mypkg."])
+    assert decode(identity, trusted=["mypkg.", "mypkg.types.identity"]) == 3  # an exact name may be a function
+    module = sys.modules["mypkg.types"]
+    with pytest.raises(UnsafePayloadError, match="mypkg.types.identity"):  # the sender refuses it too
+        SafeCodec(trusted=["mypkg."]).encode([module.identity])
+    assert decode(bytes(SafeCodec(trusted=["mypkg."]).encode(module.Box(2))[0]), trusted=["mypkg."]).v == 2
+
+
+def test_a_prefix_never_imports_a_module(mypkg: pathlib.Path) -> None:
+    """Importing runs a module's code: a prefix reaches only modules already imported, never a __main__."""
+    for module in ("mypkg.lazy", "mypkg.__main__"):
+        message = refused(stream(call(module, "Box")), trusted=["mypkg."])
+        assert "already imported" in message or "mypkg.__main__.Box: it is not on the allow-list" in message
+        assert module not in sys.modules and not (mypkg.parent / f"{module.split('.')[1]}-ran").exists()
+    importlib.import_module("mypkg.__main__")  # even imported, a prefix never reaches a __main__
+    refused(stream(call("mypkg.__main__", "Box")), "mypkg.__main__.Box", trusted=["mypkg."])
+    refused(stream(call("__main__", "Box")), "__main__.Box", trusted=["__main__."])
+    # an exact name is what the user asked for: its module is imported
+    assert type(decode(stream(call("mypkg.lazy", "Box")), trusted=["mypkg.lazy.Box"])).__name__ == "Box"
 
 
 def test_a_module_outside_the_trusted_prefix_is_refused(mypkg: pathlib.Path) -> None:
@@ -607,6 +638,86 @@ def test_decoding_allocates_at_most_the_configured_expansion(kind: str) -> None:
             tracemalloc.stop()
         assert peak <= expansion * len(payload) + (1 << 20), (kind, expansion, peak)
     refused(amplifiers(100_000)[kind], "safe_max_expansion=1 |malformed", max_expansion=1)
+
+
+def memo(index: int) -> bytes:
+    return b"h" + bytes([index]) if index < 256 else b"j" + struct.pack("<I", index)
+
+
+def memo_copies(memoised: bytes, copy: Callable[[bytes], bytes], n: int, strict: bool) -> bytes:
+    """A list of ``n`` values, each ``copy`` of memo entry 0, which holds ``memoised``."""
+    body = memoised + b"\x940" + b"".join(copy(memo(0)) for _ in range(n))
+    return b"\x80\x05](" + (TENSOR if strict else b"") + body + b"e."
+
+
+# Rebuilders copying what a memo reference points to, each call to the same entry: the issue's payloads.
+COPIES = {
+    "torch_size": (tup(*[integer(i) for i in range(20_000)]), lambda ref: name(REBUILD, "torch_size") + ref + b"\x85R"),
+    "tensor": (
+        raw_bytes(bytes(64 << 10)),
+        lambda ref: call(REBUILD, "tensor", ref, text("torch.uint8"), tup(integer(64 << 10)), FALSE, FALSE, FALSE),
+    ),
+    "path": (text("a/" * 10_000), lambda ref: call(REBUILD, "path", text("PurePosixPath"), ref)),
+    "ordered_dict": (
+        b"}(" + b"".join(integer(i) + NONE for i in range(5000)) + b"u",
+        lambda ref: call(REBUILD, "ordered_dict", ref),
+    ),
+}
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["plain", "strict"])
+@pytest.mark.parametrize("kind", list(COPIES))
+def test_every_copy_of_a_memoised_value_is_charged(kind: str, strict: bool) -> None:
+    memoised, copy = COPIES[kind]
+    payload = memo_copies(memoised, copy, 400, strict)  # unbounded, 400 copies took 30 to 260 times the payload
+    assert decode(memo_copies(memoised, copy, 2, strict))  # a few copies are legitimate (and the checks compiled)
+    expansion = 16
+    tracemalloc.start()
+    try:
+        refused(payload, "safe_max_expansion=16 ", max_expansion=expansion)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak <= expansion * len(payload) + (1 << 20), (kind, peak, len(payload))
+
+
+def doubling_tuples(levels: int) -> bytes:
+    """t0 = (), t(i+1) = (t(i), t(i)) through the memo, leaving t(levels) on the stack: 2**levels
+    tuples for hashing to visit, in about 6 bytes a level."""
+    return b")\x940" + b"".join(memo(i) + memo(i) + b"\x86\x940" for i in range(levels)) + memo(levels)
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["plain", "strict"])
+def test_hashing_tuples_shared_through_the_memo_is_bounded(strict: bool) -> None:
+    prefix = b"\x80\x05](" + TENSOR + b"e0" if strict else b"\x80\x05"  # the tensor, popped, forces the strict path
+    shared = doubling_tuples(64)
+    payloads = [
+        prefix + b"}" + shared + b"K\x01s.",  # a dict key
+        prefix + b"}(" + shared + b"K\x01u.",  # SETITEMS
+        prefix + b"\x8f(" + shared + b"\x90.",  # a set element
+        prefix + b"(" + shared + b"\x91.",  # a frozenset element
+        prefix + b"\x8a\x09" + bytes(8) + b"\x01\x940}((" + memo(0) * 250 + b"tK\x01u.",  # a long int, shared
+        prefix + call(REBUILD, "ordered_dict", b"}" + doubling_tuples(12) + b"K\x01s") + b".",
+    ]
+    assert all(len(payload) < 600 for payload in payloads[:4])
+    lines = decode_in_child(payloads, timeout=120)  # unbounded, these decodes never ended, the GIL held
+    assert all(line.startswith("refused:") and "hold more tuple items" in line for line in lines[:4]), lines
+    assert lines[4].startswith("accepted") and lines[5].startswith("accepted"), lines  # within the allowance
+    tracemalloc.start()
+    try:
+        refused(prefix + b"}" + shared + b"K\x01s.", "counted each time they are reached")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_tuples_shared_within_the_allowance_are_hashed() -> None:
+    value = {(i, ("shared", "key")): i for i in range(1000)}
+    assert decode(bytes(SafeCodec().encode(value)[0])) == value
+    assert decode(stream(b"}" + doubling_tuples(8) + b"K\x01s")) == {
+        functools.reduce(lambda t, _: (t, t), range(8), ()): 1
+    }
 
 
 def test_the_limit_refuses_legitimate_looking_payloads_only_beyond_it() -> None:

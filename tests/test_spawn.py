@@ -137,3 +137,41 @@ def test_free_ports_lie_below_the_ports_outgoing_connections_take() -> None:
     assert len(set(ports)) > 1  # drawn at random: processes picking at once rarely meet
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
         listener.bind(("", ports[0]))  # free on every address, as a store needs it
+
+
+# What torchrun, srun and mpirun leave in a rank's environment; launch() inside such a rank must
+# start a job of its own (torchrun's agent-store flag alone used to make it wait forever).
+_ENCLOSING_JOB = {
+    "TORCHELASTIC_RUN_ID": "outer",
+    "TORCHELASTIC_USE_AGENT_STORE": "True",
+    "ROLE_RANK": "1",
+    "GROUP_RANK": "1",
+    "GROUP_WORLD_SIZE": "2",
+    "NODE_RANK": "1",
+    "SLURM_JOB_ID": "77",
+    "SLURM_PROCID": "1",
+    "SLURM_NTASKS": "4",
+    "SLURM_STEP_ID": "0",
+    "SLURMD_NODENAME": "node7",
+    "OMPI_COMM_WORLD_RANK": "1",
+    "OMPI_COMM_WORLD_SIZE": "4",
+    "PMIX_RANK": "1",
+    "PMI_RANK": "1",
+    "PMI_SIZE": "4",
+    "MV2_COMM_WORLD_RANK": "1",
+}
+
+
+def launcher_environment(comm: Communicator) -> tuple[int, dict[str, str]]:
+    kept = {name: os.environ[name] for name in (*_ENCLOSING_JOB, "RANK", "WORLD_SIZE", "KEPT") if name in os.environ}
+    return comm.world_size, kept
+
+
+def test_a_launched_rank_starts_a_job_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {**_ENCLOSING_JOB, "RANK": "1", "WORLD_SIZE": "4", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    # spawn: the ranks start from this environment (a fork server started earlier has its own).
+    results = launch(launcher_environment, 2, timeout=60, env={"KEPT": "yes"}, start_method="spawn")
+    # GROUP_*: the communicator's own, for one node (the enclosing job's two would fail its host check).
+    ours = {"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "WORLD_SIZE": "2", "KEPT": "yes"}
+    assert results == [(2, {**ours, "RANK": str(r)}) for r in range(2)]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from communicator import CollectiveMismatchError, Communicator, PeerClosedError
-from communicator.stalls import Report, judge
+from communicator.control.stalls import Report, judge
 from communicator.testing import run_ranks
 
 # Long enough that only the diagnosis (after stall_seconds) can end these waits.

@@ -1,4 +1,8 @@
-"""``python -m communicator`` / ``communicator``: demo, info, check, bench and trace."""
+"""``python -m communicator`` / ``communicator``: demo, info, check, bench and trace.
+
+Exit status: 0 for success, 1 when the command ran and found a failure, 2 for a usage error
+(argparse's convention); error messages go to stderr.
+"""
 
 from __future__ import annotations
 
@@ -34,9 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             module = importlib.import_module(f"communicator.cli.{name}")
             module.add_arguments(sub)
     args = parser.parse_args(argv)
-    if module is None:  # no command: say what there is to run
-        parser.print_help()
-        return 0
+    if module is None:  # no command is a usage error, as argparse reports one: the help, on stderr
+        parser.print_help(sys.stderr)
+        return 2
     code: int = module.run(args)
     return code
 

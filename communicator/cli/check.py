@@ -82,7 +82,10 @@ def run_local(
         )
     except RemoteError as error:
         reports = [failure.message for failure in error.failures if failure.error_type == _Stopped.__name__]
-        print("\n".join(reports) or f"communicator check: the local ranks failed: {error}", flush=True)
+        if reports:  # the ranks' reports so far are the command's output
+            print("\n".join(reports), flush=True)
+        else:
+            print(f"communicator check: the local ranks failed: {error}", file=sys.stderr, flush=True)
         return 1
     except CommError as error:
         print(f"communicator check: the local ranks failed: {error}", file=sys.stderr, flush=True)

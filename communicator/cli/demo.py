@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 
 from communicator.base import Communicator
+from communicator.errors import CommError
 from communicator.spawn import launch
 from communicator.testing import run_single
 
@@ -26,10 +28,25 @@ FEATURES = 16
 CLASSES = 5
 
 
+def _positive(kind: type[int] | type[float]) -> Any:
+    """An argparse type: a positive ``kind``; anything else is a usage error (stderr, exit 2)."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return value
+
+    return parse
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--world-size", "-n", type=int, default=4, help="number of local ranks (default 4)")
-    parser.add_argument("--samples", type=int, default=20_000, help="data set size (default 20000)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds before the ranks are stopped")
+    parser.add_argument("--world-size", "-n", type=_positive(int), default=4, help="number of local ranks (default 4)")
+    parser.add_argument("--samples", type=_positive(int), default=20_000, help="data set size (default 20000)")
+    parser.add_argument("--timeout", type=_positive(float), default=120.0, help="seconds before the ranks are stopped")
     parser.add_argument(
         "--stats", action="store_true", help="print rank 0's statistics of every operation (comm.stats())"
     )
@@ -175,7 +192,11 @@ def compare(results: list[dict[str, Any]], reference: dict[str, Any], samples: i
 def run(args: argparse.Namespace) -> int:
     print(f"communicator demo: evaluating {args.samples} samples on {args.world_size} local gloo ranks")
     begin = time.perf_counter()
-    results = launch(evaluate, args.world_size, {"stats": args.stats}, (args.samples,), timeout=args.timeout)
+    try:
+        results = launch(evaluate, args.world_size, {"stats": args.stats}, (args.samples,), timeout=args.timeout)
+    except CommError as error:  # a rank failed or the ranks timed out: the message says which, not a traceback
+        print(f"communicator demo: the local ranks failed: {error}", file=sys.stderr, flush=True)
+        return 1
     distributed_seconds = time.perf_counter() - begin
     begin = time.perf_counter()
     reference = run_single(evaluate, args.samples)

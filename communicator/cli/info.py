@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 
 import torch
 import torch.distributed as dist
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = CommConfig.from_env().replace(**overrides)
     except ConfigError as error:
-        print(f"error: {error}")
+        print(f"communicator info: error: {error}", file=sys.stderr)
         return 2
     print("\n".join(explain(config)))
     return 0

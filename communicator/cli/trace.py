@@ -1,11 +1,16 @@
-"""``communicator trace DIR``: merge the ranks' flight-recorder dumps and say where they diverged."""
+"""``communicator trace DIR``: merge the ranks' flight-recorder dumps and say where they diverged.
+
+Exit status: 0 when every dump was read, 1 when one was left out (each named on stderr, with why),
+2 when ``DIR`` is not a directory.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
-from communicator.traces import report
+from communicator.traces import clean, report
 
 __all__ = ["add_arguments", "run"]
 
@@ -16,7 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.directory):
-        print(f"communicator trace: {args.directory} is not a directory")
+        print(f"communicator trace: {clean(args.directory)} is not a directory", file=sys.stderr)
         return 2
-    print(report(args.directory))
-    return 0
+    findings, unreadable = report(args.directory)
+    print(findings)
+    for line in unreadable:
+        print(f"communicator trace: left out {line}", file=sys.stderr)
+    return 1 if unreadable else 0

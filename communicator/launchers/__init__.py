@@ -38,6 +38,7 @@ __all__ = [
     "expand_hostlist",
     "first_host",
     "launcher_names",
+    "launcher_variables",
 ]
 
 #: Every launcher, in the order ``launcher="auto"`` tries them.
@@ -56,6 +57,17 @@ def launcher_names() -> tuple[str, ...]:
     """Every accepted ``launcher`` value: ``auto``, ``none``, each launcher's name, and ``mpi``
     (whichever MPI implementation is detected)."""
     return ("auto", "none", *(launcher.name for launcher in LAUNCHERS), "mpi")
+
+
+def launcher_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The variables of ``environ`` that some launcher of ``LAUNCHERS`` sets for its processes.
+
+    A job started from inside a launched process (``launch()`` in a torchrun rank) removes them from
+    its own ranks: they describe the enclosing job, and torchrun's ``TORCHELASTIC_USE_AGENT_STORE``
+    alone would make a rank wait for a store that no one serves.
+    """
+    env = os.environ if environ is None else environ
+    return [name for name in env if any(launcher.sets(name) for launcher in LAUNCHERS)]
 
 
 def detect_launcher(

@@ -72,6 +72,10 @@ class LauncherEnv(abc.ABC):
     hint: str = ""
     #: Every variable this launcher reads, in the order ``describe_environment()`` shows them.
     variables: tuple[str, ...] = ()
+    #: Variables the launcher gives its processes beyond those it reads (exact names) ...
+    extra_variables: tuple[str, ...] = ()
+    #: ... and by prefix: with ``variables``, what a process it did not start must not inherit.
+    prefixes: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -95,6 +99,11 @@ class LauncherEnv(abc.ABC):
     @abc.abstractmethod
     def missing(cls, environ: Mapping[str, str]) -> list[str]:
         """The variables this launcher needs that ``environ`` lacks (empty when complete)."""
+
+    @classmethod
+    def sets(cls, name: str) -> bool:
+        """Whether variable ``name`` is one this launcher gives the processes it starts."""
+        return name in cls.variables or name in cls.extra_variables or name.startswith(cls.prefixes)
 
     @property
     @abc.abstractmethod

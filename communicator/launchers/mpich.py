@@ -19,3 +19,5 @@ class MPICHEnv(MPIEnv):
     size_variable = "PMI_SIZE"
     local_rank_variable = "MPI_LOCALRANKID"
     local_size_variable = "MPI_LOCALNRANKS"
+    # Hydra's process-manager interface (PMI_RANK, PMI_SIZE, PMI_FD, PMI_PORT, ...).
+    prefixes = ("PMI_",)

@@ -15,3 +15,4 @@ class MVAPICHEnv(MPIEnv):
     size_variable = "MV2_COMM_WORLD_SIZE"
     local_rank_variable = "MV2_COMM_WORLD_LOCAL_RANK"
     local_size_variable = "MV2_COMM_WORLD_LOCAL_SIZE"
+    prefixes = ("MV2_",)

@@ -19,3 +19,5 @@ class OpenMPIEnv(MPIEnv):
     size_variable = "OMPI_COMM_WORLD_SIZE"
     local_rank_variable = "OMPI_COMM_WORLD_LOCAL_RANK"
     local_size_variable = "OMPI_COMM_WORLD_LOCAL_SIZE"
+    # mpirun's own variables (OMPI_*) and those of the PMIx server it runs the ranks under.
+    prefixes = ("OMPI_", "PMIX_")

@@ -108,6 +108,8 @@ class SlurmEnv(LauncherEnv):
         "MASTER_ADDR",
         "MASTER_PORT",
     )
+    # srun's output environment: SLURM_* for the job and step, SLURMD_NODENAME for the node.
+    prefixes = ("SLURM_", "SLURMD_")
 
     @classmethod
     @override

@@ -34,6 +34,10 @@ class TorchrunEnv(LauncherEnv):
         "MASTER_ADDR",
         "MASTER_PORT",
     )
+    # torch.distributed.elastic's agent also sets these for each worker (TORCHELASTIC_USE_AGENT_STORE,
+    # TORCHELASTIC_ERROR_FILE, ...).
+    extra_variables = ("ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE")
+    prefixes = ("TORCHELASTIC_",)
 
     @classmethod
     @override

@@ -1,8 +1,10 @@
-"""The command line itself: a bare command lists what there is to run; --version names the release."""
+"""The command line itself: a bare command is a usage error that lists what there is to run;
+--version names the release; errors go to stderr with a non-zero exit."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import subprocess
 import sys
 
@@ -10,17 +12,34 @@ import communicator
 from communicator.cli import COMMANDS
 
 
-def _cli(*arguments: str) -> subprocess.CompletedProcess[str]:
+def _cli(*arguments: str, **environ: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "communicator", *arguments], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-m", "communicator", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, **environ},
     )
 
 
-def test_a_bare_command_prints_the_commands() -> None:
+def test_a_bare_command_prints_usage_and_exits_2() -> None:
     done = _cli()
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == "" and done.stderr.startswith("usage: communicator")
     for name, summary in COMMANDS.items():
-        assert name in done.stdout and summary.split()[0] in done.stdout
+        assert name in done.stderr and summary.split()[0] in done.stderr
+
+
+def test_errors_go_to_stderr_with_a_non_zero_exit() -> None:
+    bad_configuration = _cli("info", COMMUNICATOR_LAUNCHER="no-such-launcher")
+    assert bad_configuration.returncode == 2 and bad_configuration.stdout == ""
+    assert "no-such-launcher" in bad_configuration.stderr
+    bad_argument = _cli("demo", "--world-size", "0")
+    assert bad_argument.returncode == 2 and bad_argument.stdout == ""
+    assert "--world-size" in bad_argument.stderr
+    unknown = _cli("no-such-command")
+    assert unknown.returncode == 2 and "invalid choice" in unknown.stderr
 
 
 def test_version_is_the_installed_release() -> None:

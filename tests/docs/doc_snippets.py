@@ -1,4 +1,4 @@
-"""Find the Python code blocks of the documentation pages and say how each one is run.
+"""Find the Python code blocks of the documentation pages (and the README) and say how each one is run.
 
 A block is a fenced ```` ```python ```` block that starts at the beginning of a line. An HTML
 comment on the line just before the fence (invisible on the rendered page) chooses how it runs::
@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
+README = ROOT / "README.md"
 
 _MARKER = re.compile(r"^<!--\s*test:\s*(.*?)\s*-->\s*$")
 _FENCE = re.compile(r"^```(\S*)")
@@ -32,7 +33,7 @@ _GUARD = re.compile(r'^if __name__ == ["\']__main__["\']:', re.MULTILINE)
 
 @dataclass(frozen=True)
 class Snippet:
-    page: str  # relative to docs/
+    page: str  # relative to docs/; the README's is "README.md"
     line: int  # 1-based line of the opening fence
     code: str
     modes: tuple[str, ...]  # "exec", "python", "torchrun N", "pytest", "file NAME", "skip: ..."
@@ -40,6 +41,11 @@ class Snippet:
     @property
     def id(self) -> str:
         return f"{self.page}:{self.line}"
+
+    @property
+    def path(self) -> Path:
+        """The file the block is in."""
+        return README if self.page == README.name else DOCS / self.page
 
     @property
     def is_include(self) -> bool:
@@ -71,15 +77,15 @@ def snippets(page: Path) -> list[Snippet]:
         if language == "python":
             marker = _MARKER.match(lines[start - 1]) if start > 0 else None
             code = "\n".join(lines[start + 1 : end]) + "\n"
-            found.append(
-                Snippet(str(page.relative_to(DOCS)), start + 1, code, _modes(marker.group(1) if marker else None, code))
-            )
+            name = page.name if page == README else str(page.relative_to(DOCS))
+            found.append(Snippet(name, start + 1, code, _modes(marker.group(1) if marker else None, code)))
         i = end + 1
     return found
 
 
 def all_snippets() -> list[Snippet]:
-    return [s for page in pages() for s in snippets(page)]
+    """The blocks of every page, and of the README: its example is the first code a reader runs."""
+    return [s for page in [*pages(), README] for s in snippets(page)]
 
 
 def stray_python_fences(page: Path) -> list[int]:

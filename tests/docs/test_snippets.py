@@ -8,21 +8,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from doc_snippets import ROOT, Snippet, all_snippets, pages, snippets, stray_python_fences
+from doc_snippets import README, ROOT, Snippet, all_snippets, pages, snippets, stray_python_fences
 
-from communicator.launchers import LAUNCHERS
+from communicator.launchers import launcher_variables
 from communicator.spawn import free_port
 
 SNIPPETS = [s for s in all_snippets() if not s.is_include]
 SCRIPT_TIMEOUT = 240
 
-# Launcher variables of an enclosing job must not leak into the snippets' own runs.
-_LAUNCHER_VARIABLES = {name for launcher in LAUNCHERS for name in launcher.variables}
-_LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "MV2_", "MPI_LOCAL", "TORCHELASTIC_", "COMMUNICATOR_")
-
 
 def clean_env(extra_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES and not k.startswith(_LAUNCHER_PREFIXES)}
+    # Neither an enclosing job's launcher variables nor a configuration may leak into the runs.
+    dropped = set(launcher_variables())
+    env = {k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("COMMUNICATOR_")}
     env["PYTHONPATH"] = os.pathsep.join([str(extra_path), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["OMP_NUM_THREADS"] = "1"
     return env
@@ -31,7 +29,7 @@ def clean_env(extra_path: Path) -> dict[str, str]:
 def page_dir(snippet: Snippet, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A working directory for the snippet holding the ``file`` blocks of its page."""
     directory = tmp_path_factory.mktemp(snippet.page.replace("/", "_").removesuffix(".md"))
-    for other in snippets(ROOT / "docs" / snippet.page):
+    for other in snippets(snippet.path):
         for mode in other.modes:
             if mode.startswith("file "):
                 (directory / mode.split(None, 1)[1]).write_text(other.code)
@@ -120,7 +118,7 @@ def test_snippet_runs(
 
 def test_every_page_has_its_blocks_found() -> None:
     """No Python block hides from the extractor (indented, or spelt ```py / ```python3)."""
-    stray = {str(page.name): lines for page in pages() if (lines := stray_python_fences(page))}
+    stray = {str(page.name): lines for page in [*pages(), README] if (lines := stray_python_fences(page))}
     assert not stray, f"Python fences the snippet tests would not run (use a top-level ```python): {stray}"
 
 

@@ -22,6 +22,7 @@ from communicator.launchers import (
     describe_environment,
     detect_launcher,
     launcher_names,
+    launcher_variables,
 )
 from communicator.launchers.mpi import DEFAULT_MASTER_ADDR, DEFAULT_MASTER_PORT
 from communicator.launchers.slurm import PORT_BASE, PORT_SPAN, expand_tasks_per_node
@@ -709,3 +710,18 @@ def test_every_launcher_but_mpi_outside_slurm_places_its_nodes() -> None:
     assert torchrun is not None and torchrun.places_nodes
     placed = detect_launcher("auto", environ=mpi)
     assert placed is not None and not placed.places_nodes
+
+
+def test_launcher_variables_are_every_launchers_and_no_others() -> None:
+    environ = {
+        **{name: "1" for launcher in LAUNCHERS for name in launcher.variables},
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "ROLE_NAME": "default",
+        "SLURMD_NODENAME": "n1",
+        "OMPI_MCA_btl": "self",
+        "PMIX_RANK": "0",
+        "PMI_FD": "3",
+        "MV2_ENABLE_AFFINITY": "0",
+    }
+    unrelated = {"PATH": "/bin", "HOME": "/root", "COMMUNICATOR_BACKEND": "gloo", "OMP_NUM_THREADS": "1"}
+    assert sorted(launcher_variables({**environ, **unrelated})) == sorted(environ)

@@ -1,0 +1,23 @@
+"""The control plane: what makes a failure, a closing or a stall reach every rank, for every
+communicator and any size of job.
+
+Over a key-value store the transport supplies (torch's ``TCPStore`` qualifies), and works whose
+wait takes a timeout, it gives every communicator:
+
+- an :mod:`event log <communicator.control.log>`: failures, refused arguments, mismatches, lost
+  peers, stall verdicts and closings, posted once and read by each waiting rank with one request;
+- :mod:`boards <communicator.control.board>`: one namespace per communicator (subgroups heed the
+  failures of the boards above), with a barrier through the store that names late ranks;
+- :mod:`bounded waits <communicator.control.waiting>` that look at the board about once a second;
+- :mod:`liveness <communicator.control.liveness>`: process ids on this host, probe sockets on others;
+- :mod:`stall diagnosis <communicator.control.stalls>`: one judge per operation reads every status
+  in one request and posts its verdict.
+
+Its cost is flat per rank and linear in the job: O(1) requests per rank to start, none while no
+operation waits, about one a second while one does, O(N) in all for a failure or a stall beat.
+``communicator bench --cases control-plane`` counts them for virtual ranks.
+"""
+
+from communicator.control.plane import Control, World
+
+__all__ = ["Control", "World"]

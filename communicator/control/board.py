@@ -1,0 +1,281 @@
+"""One communicator's namespace in the control plane: what it posts, what its waiters look for.
+
+Every communicator of a world (the world's and each subgroup's) has a *board*, named by its
+path in the store (``board3/``, ``board3/sub1.0/``). Its records go to the world's
+:class:`~communicator.control.log.EventLog`; a board heeds the records of its own namespace,
+and failures for good posted on the boards above it (a subgroup's waiters are released when a
+rank of the world fails). Counters that only its members touch (barrier arrivals, closings, the
+stall judge's election) are keys under its name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from communicator.control.liveness import Hosts
+from communicator.control.log import EventLog, Record, StoreHandle, guarded_store
+from communicator.errors import (
+    CollectiveMismatchError,
+    CommError,
+    CommTimeoutError,
+    PeerClosedError,
+    PeerLostError,
+    RemoteError,
+    RemoteFailure,
+)
+
+__all__ = ["ECHOES", "FailureBoard", "backoff"]
+
+#: Failures that only report another rank's (a rank released by a peer's failure): not posted
+#: again, since every waiter of the board reads the original.
+ECHOES = ("RemoteError", "PeerClosedError")
+
+
+def backoff(first: float, cap: float) -> Callable[[], float]:
+    """Pauses that double from ``first`` to ``cap``: prompt for a short wait, about one request
+    per ``cap`` seconds for a long one."""
+    pause = first / 2
+
+    def step() -> float:
+        nonlocal pause
+        pause = min(pause * 2, cap)
+        return pause
+
+    return step
+
+
+class FailureBoard:
+    """See the module docstring. ``members`` are the world ranks of the communicator, in its order."""
+
+    def __init__(
+        self,
+        log: EventLog,
+        hosts: Hosts,
+        store: StoreHandle,
+        name: str,
+        members: Sequence[int],
+        local_size: int,
+        parent: FailureBoard | None = None,
+    ) -> None:
+        self.name, self.members, self.log, self.hosts = name, tuple(members), log, hosts
+        self._store, self._local_size, self._parent = store, local_size, parent
+        self._names = self._lineage()
+        self._cursor = 0  # records of the log already considered
+        self._failures: dict[int, RemoteFailure] = {}  # local rank -> its first failure for good
+        self._above: list[RemoteFailure] = []  # failures for good posted on the boards above
+        self._inputs: dict[int, dict[int, RemoteFailure]] = {}  # seq -> local rank -> refusal
+        self._closed: dict[int, tuple[int, str]] = {}  # local rank -> (collectives completed, last)
+        self._lost: dict[int, str] = {}  # local rank -> why its process is gone
+        self._mismatch: CollectiveMismatchError | None = None
+        self.verdicts: dict[int, Record] = {}  # seq -> the stall judge's latest verdict
+        self._barriers = 0
+        self._children = 0
+        self._released = False
+
+    def _lineage(self) -> dict[str, bool]:
+        """The names this board heeds: its own (every record) and its ancestors' (failures only)."""
+        names, board = {self.name: True}, self._parent
+        while board is not None:
+            names[board.name] = False
+            board = board._parent
+        return names
+
+    def next_child(self) -> int:
+        """A number for the next batch of subgroups; every member asks in the same order, so numbers agree."""
+        self._children += 1
+        return self._children
+
+    def child(self, members: Sequence[int], name: str) -> FailureBoard:
+        """The board of a subgroup over world ranks ``members``, inside this one."""
+        if self._released:
+            raise CommError("the communicator is closed: no new subgroups")
+        return FailureBoard(self.log, self.hosts, self._store, self.name + name, members, self._local_size, self)
+
+    def release(self) -> None:
+        """Nothing is posted or read after this (the communicator closed)."""
+        self._released = True
+
+    # -- posting ---------------------------------------------------------------------------
+
+    def _post(self, kind: str, rank: int, **fields: Any) -> None:
+        if not self._released:
+            self.log.post({"kind": kind, "board": self.name, "rank": rank, **fields})
+
+    def post(self, failure: RemoteFailure) -> None:
+        """Announce that local rank ``failure.rank`` failed for good (echoes are not posted again)."""
+        if failure.error_type not in ECHOES:
+            self._post("fail", failure.rank, failure=failure.to_json().decode())
+
+    def post_input(self, seq: int, failure: RemoteFailure) -> None:
+        """Announce that ``failure.rank`` refused its arguments to operation number ``seq``."""
+        self._post("input", failure.rank, seq=seq, failure=failure.to_json().decode())
+
+    def post_mismatch(self, rank: int, error: CollectiveMismatchError) -> None:
+        """Announce a mismatch, so that every member raises the same error."""
+        self._post("mismatch", rank, what=error.what, sides={str(r): s for r, s in error.sides.items()})
+
+    def post_lost(self, rank: int, peer: int, why: str) -> None:
+        """Announce that local rank ``peer``'s process is gone (found by ``rank``)."""
+        self._post("lost", rank, peer=peer, why=why)
+
+    def post_verdict(self, rank: int, seq: int, verdict: dict[str, Any]) -> None:
+        """The stall judge's verdict on operation ``seq``, for the other waiting members."""
+        self._post("verdict", rank, seq=seq, verdict=verdict)
+
+    def post_closed(self, rank: int, seq: int, last: str) -> None:
+        """Announce that ``rank`` closed its communicator after ``seq`` collectives, the last ``last``."""
+        self._post("closed", rank, seq=seq, last=last)
+        with contextlib.suppress(Exception):  # leaving must never fail
+            self._store.add(f"{self.name}closing", 1)
+
+    # -- looking ---------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Read the log (one request when nothing happened) and take in this board's new records."""
+        self.log.look()
+        records = self.log.records
+        while self._cursor < len(records):
+            self._take(records[self._cursor])
+            self._cursor += 1
+
+    def _take(self, record: Record) -> None:
+        own = self._names.get(record.get("board", ""))
+        if own is None or (not own and record["kind"] != "fail"):
+            return
+        kind, rank = record["kind"], int(record.get("rank", -1))
+        if kind == "fail":
+            failure = RemoteFailure.from_json(record["failure"])
+            if own:
+                self._failures.setdefault(rank, failure)
+            else:
+                self._above.append(failure)
+        elif kind == "input":
+            self._inputs.setdefault(int(record["seq"]), {}).setdefault(rank, RemoteFailure.from_json(record["failure"]))
+        elif kind == "mismatch" and self._mismatch is None:
+            sides = {int(r): str(side) for r, side in record["sides"].items()}
+            self._mismatch = CollectiveMismatchError(sides, str(record["what"]))
+        elif kind == "lost":
+            self._lost.setdefault(int(record["peer"]), str(record["why"]))
+        elif kind == "closed":
+            self._closed[rank] = (int(record["seq"]), str(record["last"]))
+        elif kind == "verdict":
+            self.verdicts[int(record["seq"])] = record["verdict"]
+
+    def check(self, rank: int, seq: int, what: str) -> None:
+        """Raise when a peer failed, refused its part of operation ``seq``, was lost, or closed
+        before reaching it; ``what`` names what this rank waits in."""
+        self.refresh()
+        self.raise_known(rank, seq, what)
+        for peer, pid in self._dead_here(rank).items():
+            why = f"its process (pid {pid}) has exited"
+            self.post_lost(rank, peer, why)
+            raise PeerLostError(f"{what} on rank {rank}: rank {peer}: {why}; a peer was lost")
+
+    def raise_known(self, rank: int, seq: int, what: str) -> None:
+        """Raise what the records read so far say (no request)."""
+        if self._mismatch is not None:
+            raise self._mismatch
+        if self._above:  # a failure for good above explains anything seen here (a peer closing)
+            context = f"{what} on rank {rank} abandoned (ranks of the communicator it was split from)"
+            raise RemoteError(_first_causes(self._above), context=context)
+        failures = [f for r, f in self._failures.items() if r != rank]
+        seen = {f.rank for f in failures}
+        failures += [f for r, f in self._inputs.get(seq, {}).items() if r != rank and f.rank not in seen]
+        if failures:
+            raise RemoteError(_first_causes(failures), context=f"{what} on rank {rank} abandoned")
+        for peer, why in self._lost.items():
+            if peer != rank and peer not in self._closed:
+                raise PeerLostError(f"{what} on rank {rank}: rank {peer}: {why}; a peer was lost")
+        for peer, (done, last) in self._closed.items():
+            if peer != rank and done < seq:
+                raise PeerClosedError(peer, done, last, f"{what} on rank {rank}")
+
+    def _dead_here(self, rank: int) -> dict[int, int]:
+        """Members on this host whose process is gone and that did not close first (no request
+        once every rank of this host has announced itself)."""
+        local = self.hosts.local(self._local_size)
+        ranks = [r for r, world in enumerate(self.members) if r != rank and world in local and r not in self._closed]
+        dead = self.hosts.dead_here([self.members[r] for r in ranks], self._local_size)
+        return {r: dead[self.members[r]] for r in ranks if self.members[r] in dead}
+
+    def closed(self) -> dict[int, tuple[int, str]]:
+        """Peers that closed, as read so far: ``rank -> (collectives completed, the last one)``."""
+        return dict(self._closed)
+
+    # -- coordination through the store -------------------------------------------------------
+
+    def depart(self, rank: int, hosts_store: bool, linger: float) -> None:
+        """Leave: a rank that hosts the store waits (at most ``linger`` seconds) until every other
+        rank has closed or is gone, since they may still read the board. Never raises."""
+        if not hosts_store:
+            return
+        try:
+            deadline = time.monotonic() + linger
+            pause = backoff(0.005, 1.0)
+            everyone = len(self.members)  # this rank posted its closing already
+            while time.monotonic() < deadline:
+                if self._store.add(f"{self.name}closing", 0) >= everyone:
+                    return
+                self.refresh()
+                gone = {r for r in self._lost if r not in self._closed} | set(self._dead_here(rank))
+                if len(self._closed) + len(gone) >= everyone:
+                    return
+                time.sleep(pause())
+        except Exception:  # noqa: BLE001 - leaving must never fail
+            pass
+
+    def barrier(
+        self,
+        rank: int,
+        seq: int,
+        timeout: float,
+        what: str,
+        tick: Callable[[float], None],
+        explain: Callable[[list[int]], str],
+    ) -> None:
+        """A barrier through the store that names, on every rank, the ranks that did not arrive:
+        two requests to arrive, then one per look (looks back off to one a second)."""
+        self._barriers += 1
+        key = f"{self.name}barrier{self._barriers}"
+        guarded_store(lambda: self._store.append(f"{key}/who", f"{rank},"))
+        arrived = guarded_store(lambda: self._store.add(key, 1))
+        started = time.monotonic()
+        pause = backoff(0.001, 1.0)
+        while arrived < len(self.members):
+            self.check(rank, seq, what)
+            now = time.monotonic()
+            tick(now)
+            if now - started > timeout:
+                text = guarded_store(lambda: self._store.get(f"{key}/who")).decode()
+                present = {int(r) for r in text.split(",") if r}
+                missing = [r for r in range(len(self.members)) if r not in present]
+                found = explain(missing)
+                raise CommTimeoutError(
+                    f"{what} timed out after {timeout:g} s on rank {rank}: ranks {missing} did not arrive"
+                    + (f": {found}" if found else ""),
+                    missing_ranks=missing,
+                )
+            time.sleep(min(pause(), max(timeout - (now - started), 0.001)))
+            arrived = guarded_store(lambda: self._store.add(key, 0))
+
+    def elect(self, seq: int) -> bool:
+        """Whether this rank judges the stall of operation ``seq`` (the first to ask does)."""
+        return bool(guarded_store(lambda: self._store.add(f"{self.name}judge/{seq}", 1)) == 1)
+
+    def statuses(self, ranks: Sequence[int]) -> list[str]:
+        """The statuses that world ranks ``ranks`` published, in order: one request."""
+        values = guarded_store(lambda: self._store.multi_get([f"status/{r}" for r in ranks]))
+        return [value.decode() for value in values]
+
+    def publish(self, world_rank: int, status: str) -> None:
+        """Write a process's status (see :mod:`communicator.control.stalls`)."""
+        guarded_store(lambda: self._store.set(f"status/{world_rank}", status))
+
+
+def _first_causes(failures: list[RemoteFailure]) -> list[RemoteFailure]:
+    """The failures that are not echoes of another rank's (all of them, if every one is)."""
+    causes = [f for f in failures if f.error_type not in ECHOES]
+    return causes or failures

@@ -1,0 +1,136 @@
+"""Whether a silent peer is alive: by its process id on this host, by a connection to its probe
+socket on another.
+
+A process that is stopped, or holds the GIL in one long C call, writes nothing, and yet it is
+alive: its process id still exists, and the kernel still completes TCP connections to a socket
+it listens on. So each process listens on a *probe socket* that it never has to serve (the kernel
+queues connections; the watcher thread drains them when it runs), and announces where, with one
+request of its own at startup. A peer is *lost* only when its process is gone (same host: no
+such process id; another host: the probe connection is refused, or its host does not answer);
+a silent process is only named in a warning, never declared lost before the operation's timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+from collections.abc import Iterable
+
+from communicator.control.log import StoreHandle, guarded_store
+
+__all__ = ["PROBE_SECONDS", "Hosts", "alive"]
+
+#: How long a connection to another host's probe socket may take before that host counts as gone.
+PROBE_SECONDS = 3.0
+_BACKLOG = 1024
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` is running (a zombie, dead but not yet reaped, counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+
+class Hosts:
+    """Where the ranks of one world run, learnt lazily: one key per host lists its ranks' process
+    ids, one key per rank says its host, process id and probe address."""
+
+    def __init__(self, store: StoreHandle, host: str = "", address: str = "") -> None:
+        self._store = store
+        self.host = host or socket.gethostname()
+        self._address = address
+        self._probe: socket.socket | None = None
+        self._local: dict[int, int] | None = None  # world rank -> pid, for the ranks on this host
+        self._where: dict[int, tuple[str, int, str, int]] = {}  # world rank -> (host, pid, address, port)
+
+    def announce(self, world_rank: int) -> None:
+        """Say where this process runs and listens: two requests, once per world."""
+        probe = self._listen()
+        port = probe.getsockname()[1] if probe is not None else 0
+        pid = os.getpid()
+        guarded_store(lambda: self._store.append(f"host/{self.host}", f"{world_rank}:{pid};"))
+        record = f"{self.host} {pid} {self._address or self.host} {port}"
+        guarded_store(lambda: self._store.set(f"where/{world_rank}", record))
+
+    def _listen(self) -> socket.socket | None:
+        if self._probe is None:
+            with contextlib.suppress(OSError):
+                probe = socket.create_server(("", 0), family=socket.AF_INET, backlog=_BACKLOG)
+                probe.setblocking(False)
+                self._probe = probe
+        return self._probe
+
+    def drain(self) -> None:
+        """Close the probe connections queued since the last drain (from the watcher thread)."""
+        probe = self._probe
+        if probe is None:
+            return
+        with contextlib.suppress(OSError):
+            while True:
+                connection, _ = probe.accept()
+                connection.close()
+
+    def close(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
+
+    def local(self, expected: int) -> dict[int, int]:
+        """The ranks known to run on this host, with their process ids (one request, repeated
+        while fewer than ``expected`` have announced themselves)."""
+        if self._local is None or len(self._local) < expected:
+            text = guarded_store(lambda: self._store.get(f"host/{self.host}")).decode()
+            found = {}
+            for entry in filter(None, text.split(";")):
+                rank, pid = entry.split(":")
+                found[int(rank)] = int(pid)
+            self._local = found
+        return self._local
+
+    def dead_here(self, ranks: Iterable[int], expected: int) -> dict[int, int]:
+        """Of ``ranks``, those on this host whose process is gone: ``rank -> pid`` (no request
+        once every local rank is known)."""
+        local = self.local(expected)
+        return {rank: local[rank] for rank in ranks if rank in local and not alive(local[rank])}
+
+    def where(self, ranks: list[int]) -> dict[int, tuple[str, int, str, int]]:
+        """``rank -> (host, pid, probe address, probe port)``; one request for those not yet known."""
+        unknown = [rank for rank in ranks if rank not in self._where]
+        if unknown:
+            values = guarded_store(lambda: self._store.multi_get([f"where/{rank}" for rank in unknown]))
+            for rank, value in zip(unknown, values, strict=True):
+                host, pid, address, port = value.decode().split()
+                self._where[rank] = (host, int(pid), address, int(port))
+        return {rank: self._where[rank] for rank in ranks}
+
+    def gone(self, rank: int) -> str:
+        """Why ``rank``'s process is gone, or "" while it is alive (stopped and busy count as alive)."""
+        host, pid, address, port = self.where([rank])[rank]
+        if host == self.host:
+            return "" if alive(pid) else f"its process (pid {pid}) has exited"
+        if port == 0:
+            return ""  # it could not listen: nothing tells, so it is not declared lost
+        try:
+            with socket.create_connection((address, port), timeout=PROBE_SECONDS):
+                return ""
+        except ConnectionRefusedError:
+            return f"its process on {host} (pid {pid}) has exited"
+        except OSError as error:
+            if error.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN) or isinstance(
+                error, TimeoutError
+            ):
+                return f"its host {host} does not answer"
+            return ""

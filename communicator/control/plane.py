@@ -1,0 +1,138 @@
+"""The control plane of one communicator: its board, its stall watch and its waits, over the
+store of its world (see :mod:`communicator.control`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from communicator.config import CommConfig
+from communicator.control.board import FailureBoard
+from communicator.control.liveness import Hosts
+from communicator.control.log import EventLog, Store, StoreHandle
+from communicator.control.stalls import Watch, Watcher
+from communicator.control.waiting import TransferWaiter, translate, wait
+from communicator.errors import CollectiveMismatchError, CommError, RemoteFailure
+from communicator.guard import CallState
+from communicator.launchers.network import route_source
+
+__all__ = ["PROBE_ADDRESS", "Control", "World"]
+
+#: The address other hosts reach this process's probe socket at, when the host name is not it.
+PROBE_ADDRESS = "COMMUNICATOR_PROBE_ADDRESS"
+
+
+class World:
+    """What the communicators of one world share in a process: the store, the event log, where
+    the ranks run, and the watcher thread that publishes this process's status."""
+
+    def __init__(
+        self, store: Store, world_rank: int, world_size: int, config: CommConfig, local_size: int, address: str = ""
+    ) -> None:
+        self.store = StoreHandle(store)
+        self.world_rank, self.world_size, self.local_size = world_rank, world_size, local_size
+        self.log = EventLog(self.store)
+        self.hosts = Hosts(self.store, address=address)
+        self.hosts.announce(world_rank)
+        self.root = FailureBoard(self.log, self.hosts, self.store, "", range(world_size), local_size)
+        self.watcher = Watcher(self.root, self.hosts, world_rank, world_size, config.stall_seconds)
+        self.users = 0  # open communicators of this world
+
+    def stop(self) -> None:
+        self.watcher.stop()
+        self.hosts.close()
+
+
+class Control:
+    """One communicator's board, watch and transfer thread; ``rank`` is the communicator's own."""
+
+    def __init__(self, world: World, board: FailureBoard, rank: int, calls: CallState, config: CommConfig) -> None:
+        self.world, self.board, self.rank, self._calls = world, board, rank, calls
+        self.limit = config.timeout.total_seconds()
+        self.watch = Watch(world.watcher, board, calls, config.stall_seconds)
+        self.transfers = TransferWaiter()
+        self.broken: CommError | None = None
+        world.users += 1
+
+    @classmethod
+    def for_world(
+        cls, store: Store, rank: int, world_size: int, calls: CallState, config: CommConfig, local_size: int = 1
+    ) -> Control:
+        """The control of a world communicator over ``store`` (its ranks are the world's)."""
+        world = World(store, rank, world_size, config, local_size, probe_address())
+        return cls(world, world.root, rank, calls, config)
+
+    def child(self, members: Sequence[int], name: str, rank: int, calls: CallState, config: CommConfig) -> Control:
+        """The control of a subgroup over world ranks ``members`` (``rank`` is this rank's in it)."""
+        return Control(self.world, self.board.child(members, name), rank, calls, config)
+
+    # -- what the base class asks ----------------------------------------------------------
+
+    def wait(self, works: Sequence[Any], timeout: float | None) -> None:
+        calls = self._calls
+        try:
+            wait(works, self.board, self.transfers, self.rank, calls.seq, calls.op, timeout or self.limit, self.watch)
+        except CommError as error:
+            raise self.abandon(error) from None
+
+    def abandon(self, error: CommError) -> CommError:
+        """This rank leaves an operation unfinished: the group can no longer be trusted, and the
+        other ranks must hear of it (they may be waiting in the same operation)."""
+        if self.broken is None:
+            self.broken = error
+            if isinstance(error, CollectiveMismatchError):
+                self.board.post_mismatch(self.rank, error)
+            self.board.post(RemoteFailure.of(self.rank, error, self._calls.op))
+        return error
+
+    def launch_failed(self, error: RuntimeError) -> CommError:
+        return self.abandon(translate(error, self.board, self.rank, self._calls.seq, self._calls.op))
+
+    def bad_arguments(self, error: BaseException, what: str) -> None:
+        self.board.post_input(self._calls.seq, RemoteFailure.of(self.rank, error, what))
+
+    def failed(self, error: BaseException, where: str) -> None:
+        self.board.post(RemoteFailure.of(self.rank, error, where))
+        if self.broken is None:
+            self.broken = CommError(f"rank {self.rank} failed in {where}")
+
+    def barrier(self, timeout: float) -> None:
+        """Through the store, not the transport: a rank that times out leaves the group intact,
+        and every waiting rank names the late ones itself."""
+        calls = self._calls
+        stall = self.watch.begin(self.rank, calls.op, time.monotonic(), timeout)
+        self.board.barrier(self.rank, calls.seq, timeout, calls.op, stall.tick, stall.who)
+
+    def close(self, error: BaseException | None) -> None:
+        """Tell the others this rank left (and why, after ``error``); no collective. Never raises."""
+        try:
+            if error is not None:
+                self.board.post(RemoteFailure.of(self.rank, error, "the communicator's block"))
+            self.board.post_closed(self.rank, self._calls.seq, self._calls.op)
+        finally:
+            self.transfers.stop()
+            self.world.watcher.forget(self.board.name)
+            self.world.users -= 1
+            if self.world.users == 0:
+                self.world.stop()
+
+    def release(self) -> None:
+        """Nothing is posted or read after this; the last communicator of the world lets go of its store."""
+        self.board.release()
+        if self.world.users == 0:
+            self.world.store.release()
+
+
+def probe_address() -> str:
+    """Where other hosts reach this process: :data:`PROBE_ADDRESS`, else the address that routes
+    to torch's ``MASTER_ADDR``, else the host name."""
+    given = os.environ.get(PROBE_ADDRESS, "")
+    master = os.environ.get("MASTER_ADDR", "")
+    if given or not master:
+        return given
+    try:
+        return route_source(master)
+    except CommError:
+        return ""

@@ -1,0 +1,379 @@
+"""Why a wait takes long: every process says what its communicators are doing, and one waiting
+rank per operation compares what the members say.
+
+**Statuses.** Each process runs one watcher thread per world. Every :data:`BEAT_SECONDS` it
+looks at what its communicators are doing (the number of collectives entered, the operation
+running or the last one, the call site: what the guard keeps anyway, so a call costs nothing
+more) and writes it to the store only when it has settled (unchanged for :func:`settle_seconds`)
+and differs from what it wrote last, or when :func:`heartbeat_seconds` have passed: a process
+that makes progress writes nothing, one that stopped somewhere writes once, and the job's
+heartbeat traffic stays under :data:`HEARTBEATS_PER_SECOND` however many ranks it has.
+
+**Diagnosis.** A rank whose wait in one operation has lasted :data:`JUDGE_AFTER_SECONDS` asks
+to *judge* it; the first member to ask does (one request each). Once per beat the judge reads
+every member's status in one request, and checks that the members it waits on are alive (see
+:mod:`communicator.control.liveness`). After ``stall_seconds`` (or half the timeout, if shorter)
+it judges (:func:`judge`) and posts its verdict for the other waiting members, who read it with
+the log they look at anyway:
+
+- ranks in *different collectives at the same point* (the same number, different operations; or
+  every rank inside a collective and not all in the same one), or in the same collective with
+  dtypes (or, where they must agree, shapes) that differ: a mismatch, which can never finish.
+  Once two looks agree, every member raises :class:`~communicator.errors.CollectiveMismatchError`
+  naming each rank's call;
+- a member whose process is gone: :class:`~communicator.errors.PeerLostError` on every member;
+- otherwise some ranks are elsewhere (a long section of rank 0's, say, or a process that is
+  stopped), or every rank is in the same collective and the transport has not finished it: one
+  warning on the ``communicator`` logger names who is awaited and what it last did, and the wait
+  goes on until the timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from communicator.control.board import FailureBoard
+from communicator.control.liveness import Hosts
+from communicator.errors import CollectiveMismatchError, PeerLostError
+from communicator.guard import CallState
+
+__all__ = [
+    "BEAT_SECONDS",
+    "HEARTBEATS_PER_SECOND",
+    "JUDGE_AFTER_SECONDS",
+    "Report",
+    "Stall",
+    "Verdict",
+    "Watch",
+    "Watcher",
+    "heartbeat_seconds",
+    "judge",
+    "settle_seconds",
+]
+
+#: How often a process looks at its own state (writing it only when needed, see above).
+BEAT_SECONDS = 1.0
+#: The job's status writes per second when nothing changes, whatever its size.
+HEARTBEATS_PER_SECOND = 500.0
+#: How long a wait lasts before a member judges it (checks liveness; diagnoses after ``stall_seconds``).
+JUDGE_AFTER_SECONDS = 2.0
+#: Remote members probed per beat by a judge (local ones are checked by process id, for free).
+PROBES_PER_BEAT = 64
+#: Operations whose tensors must have the same shape on every rank.
+EQUAL_SHAPES = frozenset({"all_reduce", "reduce", "broadcast"})
+
+logger = logging.getLogger("communicator")
+_CAUSE = (
+    "; likely causes: a long section on those ranks (raise the timeout), a collective that only some ranks"
+    " call, or a hang in their code"
+)
+
+
+def heartbeat_seconds(world_size: int) -> float:
+    """How often a process writes its status when nothing changed: every 5 s, less often past
+    2,500 ranks, so that the job writes at most :data:`HEARTBEATS_PER_SECOND`."""
+    return max(5.0, world_size / HEARTBEATS_PER_SECOND)
+
+
+def settle_seconds(stall_seconds: float) -> float:
+    """How long a state must last before a process writes it (a beat less than half the stall threshold)."""
+    return max(BEAT_SECONDS, min(3.0, stall_seconds / 2 - BEAT_SECONDS))
+
+
+def describe(calls: CallState) -> dict[str, Any]:
+    """What one communicator is doing, as its status says it (read from another thread: one read
+    of each field, so a change in between only makes the status a beat old)."""
+    running, last = calls.event, calls.recorder.last()
+    entry: dict[str, Any] = {"group": calls.group, "seq": calls.seq, "op": ""}
+    if running is not None:
+        entry.update(op=running.op, p2p=running.p2p, sizes=running.describe_sizes(), site=running.site)
+        entry.update(dtypes=[str(d) for d in running.dtypes], seconds=running.since())
+    elif last is not None:
+        entry.update(last=f"{last.op} #{last.seq}", site=last.site, seconds=last.since())
+    return entry
+
+
+class Watcher:
+    """The thread that publishes this process's status for one world, and the communicators it covers."""
+
+    def __init__(
+        self, board: FailureBoard, hosts: Hosts, world_rank: int, world_size: int, stall_seconds: float
+    ) -> None:
+        self.board, self.hosts, self.world_rank = board, hosts, world_rank
+        self.heartbeat, self._settle = heartbeat_seconds(world_size), settle_seconds(stall_seconds)
+        self._comms: dict[str, CallState] = {}
+        self._stopped = threading.Event()
+        self._beat = 0
+        self._state = ""  # the state seen at the last beat, and since when
+        self._since = 0.0
+        self._written = ("", 0.0)  # the state last written, and when
+        self.board.publish(world_rank, json.dumps(self.status()))  # every member has a status to read
+        self._thread = threading.Thread(target=self._run, name="communicator-watcher", daemon=True)
+        self._thread.start()
+
+    def watch(self, name: str, calls: CallState) -> None:
+        self._comms[name] = calls
+
+    def forget(self, name: str) -> None:
+        self._comms.pop(name, None)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * BEAT_SECONDS)
+
+    def status(self) -> dict[str, Any]:
+        comms = {name: describe(calls) for name, calls in list(self._comms.items())}
+        return {"host": socket.gethostname(), "pid": os.getpid(), "beat": self._beat, "at": time.time(), "comms": comms}
+
+    def beat(self, now: float) -> bool:
+        """Look at this process's state; write it when it settled on something new, or when the
+        heartbeat is due. Whether it wrote."""
+        status = self.status()
+        state = json.dumps({n: {k: v for k, v in e.items() if k != "seconds"} for n, e in status["comms"].items()})
+        if state != self._state:
+            self._state, self._since = state, now
+        settled = now - self._since >= self._settle and state != self._written[0]
+        if not (settled or now - self._written[1] >= self.heartbeat):
+            return False
+        self._beat += 1
+        status["beat"] = self._beat
+        self.board.publish(self.world_rank, json.dumps(status))
+        self._written = (state, now)
+        return True
+
+    def _run(self) -> None:
+        failures = 0
+        self._written = (self._state, time.monotonic())
+        while not self._stopped.wait(BEAT_SECONDS) and failures < 5:  # a store gone for good ends the thread
+            self.hosts.drain()
+            try:
+                self.beat(time.monotonic())
+                failures = 0
+            except Exception:  # noqa: BLE001 - the waiting ranks report what they lack
+                failures += 1
+
+
+class Report(NamedTuple):
+    """What one member said: its status for this communicator (``None``: it reported none), what
+    it runs on other communicators, and whether it has reported at all."""
+
+    entry: dict[str, Any] | None
+    elsewhere: list[dict[str, Any]]
+    heard: bool
+    silent: float = 0.0  # seconds since it last wrote its status
+
+    @property
+    def collective(self) -> tuple[int, str] | None:
+        """(number, operation) of the collective it is in on this communicator."""
+        entry = self.entry
+        if entry is None or not entry["op"] or entry.get("p2p"):
+            return None
+        return int(entry["seq"]), str(entry["op"])
+
+    def describe(self) -> str:
+        if not self.heard:
+            return (
+                f"has not been heard from for {self.silent:.0f} s (it may be stopped, or blocked outside Python;"
+                " its process is alive)"
+            )
+        entry = self.entry
+        if entry is None:
+            return "has no such communicator open (it closed it, or never made it)"
+        if entry["op"]:
+            kind = " (point-to-point)" if entry.get("p2p") else f" #{entry['seq']}"
+            sizes = f" {entry['sizes']}" if entry.get("sizes") else ""
+            return f"is in {entry['op']}{kind}{sizes} at {entry['site']} for {entry['seconds']:.0f} s"
+        busy = [f"{e['op']} on {e['group']} at {e['site']}" for e in self.elsewhere]
+        if busy:
+            return "is in " + "; ".join(busy)
+        if "last" not in entry:
+            return "is outside any collective, before its first operation"
+        return f"is outside any collective for {entry['seconds']:.0f} s; its last: {entry['last']} at {entry['site']}"
+
+
+class Verdict(NamedTuple):
+    """``kind``: ``mismatch``, ``stuck`` (every rank in the same collective) or ``waiting``."""
+
+    kind: str
+    headline: str
+    sides: dict[int, str]  # rank -> what it is doing
+    awaited: list[int]  # the ranks that are not in this collective
+
+
+def judge(me: int, reports: Sequence[Report]) -> Verdict:
+    """The verdict on a wait of rank ``me``, from every member's report (see the module docstring)."""
+    sides = {rank: report.describe().removeprefix("is ") for rank, report in enumerate(reports)}
+    inside = {rank: c for rank, report in enumerate(reports) if (c := report.collective) is not None}
+    awaited = [rank for rank in range(len(reports)) if rank not in inside]
+    ops_at: dict[int, set[str]] = defaultdict(set)
+    for seq, op in inside.values():
+        ops_at[seq].add(op)
+    if any(len(ops) > 1 for ops in ops_at.values()):
+        return Verdict(
+            "mismatch", "ranks are in different collectives at the same point (none can finish)", sides, awaited
+        )
+    if awaited:
+        return Verdict("waiting", "", sides, awaited)
+    if len(set(inside.values())) > 1:
+        return Verdict("mismatch", "every rank waits, each in a different collective", sides, awaited)
+    entries = [report.entry for report in reports if report.entry is not None]
+    if len({str(e.get("dtypes")) for e in entries}) > 1:
+        return Verdict("mismatch", "ranks passed tensors of different dtypes to the same collective", sides, [])
+    if inside[me][1] in EQUAL_SHAPES and len({e.get("sizes") for e in entries}) > 1:
+        return Verdict("mismatch", "ranks passed tensors of different shapes to the same collective", sides, [])
+    return Verdict("stuck", "every rank is in this collective, with the same arguments", sides, [])
+
+
+class Watch:
+    """One communicator's side of the diagnosis: its board, its members' world ranks, and the threshold."""
+
+    def __init__(self, watcher: Watcher, board: FailureBoard, calls: CallState, threshold: float) -> None:
+        self.watcher, self.board, self.calls, self.threshold = watcher, board, calls, threshold
+        watcher.watch(board.name, calls)
+
+    def begin(self, rank: int, what: str, started: float, limit: float) -> Stall:
+        """A wait of ``what`` on ``rank`` that began at ``started`` (``time.monotonic``), allowed ``limit`` seconds."""
+        return Stall(self, rank, what, started, min(self.threshold, limit / 2))
+
+
+class Stall:
+    """One long wait: judged by one member (see the module docstring), followed by the others."""
+
+    def __init__(self, watch: Watch, rank: int, what: str, started: float, threshold: float) -> None:
+        self._watch, self._rank, self._what = watch, rank, what
+        self._started, self._diagnose_at = started, started + threshold
+        self._next = started + min(JUDGE_AFTER_SECONDS, threshold)
+        self._judging: bool | None = None
+        self._probed = 0  # where the next round of liveness probes starts
+        self._suspect: tuple[Any, ...] | None = None  # a mismatch seen once
+        self._logged = ""
+        self.verdict: Verdict | None = None
+
+    def tick(self, now: float) -> None:
+        """Called while waiting; acts once per beat past the judging threshold."""
+        if now < self._next:
+            return
+        self._next = now + BEAT_SECONDS
+        calls, board = self._watch.calls, self._watch.board
+        p2p = calls.event is not None and calls.event.p2p  # numbered with no one: each waiter judges its own
+        if self._judging is None:
+            self._judging = p2p or board.elect(calls.seq)
+        if self._judging:
+            self._judge(now, calls.seq, publish=not p2p)
+            return
+        found = board.verdicts.get(calls.seq)
+        if found is not None and now >= self._diagnose_at:
+            self.verdict = Verdict(
+                found["kind"], found["headline"], {int(r): s for r, s in found["sides"].items()}, found["awaited"]
+            )
+            self._log(self.verdict, now)
+
+    def _judge(self, now: float, seq: int, publish: bool) -> None:
+        reports = self._gather(now)
+        self._check_alive()
+        if now < self._diagnose_at:
+            return
+        verdict = self.verdict = judge(self._rank, reports)
+        if verdict.kind == "mismatch":
+            key = tuple(r.collective for r in reports)
+            if self._suspect == key:
+                error = CollectiveMismatchError(verdict.sides, verdict.headline)
+                self._watch.board.post_mismatch(self._rank, error)
+                raise error
+            self._suspect = key
+            return
+        self._suspect = None
+        if self._log(verdict, now) and publish:
+            self._watch.board.post_verdict(self._rank, seq, verdict._asdict())
+
+    def explain(self) -> str:
+        """What the last look found, for an error message ("" before any look)."""
+        verdict = self.verdict
+        if verdict is None:
+            return ""
+        if verdict.awaited:
+            return f"ranks {verdict.awaited} did not arrive: {self.who(verdict.awaited)}{_CAUSE}"
+        return f"{verdict.headline}, and the backend has not completed it"
+
+    def who(self, ranks: Sequence[int]) -> str:
+        """What the last look found ``ranks`` doing ("" before any look)."""
+        if self.verdict is None:
+            return ""
+        sides = self.verdict.sides
+        return "; ".join(f"rank {r} {_as_said(sides[r])}" for r in ranks if r in sides)
+
+    def _gather(self, now: float) -> list[Report]:
+        watch = self._watch
+        members = watch.board.members
+        others = [m for i, m in enumerate(members) if i != self._rank]
+        raw = iter(watch.board.statuses(others))
+        silent_after = 3 * watch.watcher.heartbeat
+        reports: list[Report] = []
+        for rank in range(len(members)):
+            if rank == self._rank:  # this rank's own state, live
+                reports.append(Report(describe(watch.calls), [], True))
+                continue
+            status = json.loads(next(raw))
+            age = max(time.time() - float(status["at"]), 0.0)
+            comms = status["comms"]
+            entry = comms.get(watch.board.name)
+            if entry is not None and "seconds" in entry:
+                entry["seconds"] = float(entry["seconds"]) + age
+            others_busy = [e for name, e in comms.items() if name != watch.board.name and e["op"]]
+            reports.append(Report(entry, others_busy, age <= silent_after, age))
+        return reports
+
+    def _check_alive(self) -> None:
+        """Raise (and tell the others) when a member's process is gone (by process id on this host,
+        by its probe socket on another), :data:`PROBES_PER_BEAT` members a beat."""
+        board = self._watch.board
+        members = board.members
+        peers = [r for r in range(len(members)) if r != self._rank and r not in board.closed()]
+        if not peers:
+            return
+        start = self._probed % len(peers)
+        chosen = (peers[start:] + peers[:start])[:PROBES_PER_BEAT]
+        self._probed = start + len(chosen)
+        for rank in chosen:
+            why = board.hosts.gone(members[rank])
+            if why:
+                board.post_lost(self._rank, rank, why)
+                raise PeerLostError(f"{self._what} on rank {self._rank}: rank {rank}: {why}; a peer was lost")
+
+    def _log(self, verdict: Verdict, now: float) -> bool:
+        """Warn once per state of the awaited ranks (their durations aside); whether it warned."""
+        states = [(r, _without_durations(verdict.sides.get(r, ""))) for r in verdict.awaited]
+        key = json.dumps(states) if verdict.awaited else verdict.kind
+        if key == self._logged:
+            return False
+        self._logged = key
+        mine = describe(self._watch.calls)
+        call = f"{self._what} #{mine.get('seq')} at {mine.get('site', 'unknown')}"
+        found = self.explain().removesuffix(_CAUSE)
+        logger.warning(
+            "communicator: rank %d has waited %.0f s in %s: %s; waiting on until the timeout",
+            self._rank,
+            now - self._started,
+            call,
+            found,
+        )
+        return True
+
+
+def _as_said(side: str) -> str:
+    """A side as a sentence about its rank (sides drop the leading "is")."""
+    return side if side.startswith("has ") else f"is {side}"
+
+
+def _without_durations(side: str) -> str:
+    """A side as it stays while nothing changes (the seconds it mentions grow)."""
+    return " ".join(word for word in side.split() if not word.replace(".", "").isdigit())

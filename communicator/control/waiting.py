@@ -1,0 +1,257 @@
+"""Bounded waits that a peer's failure releases, and the translation of a transport's errors.
+
+A rank blocked in an operation cannot be interrupted by its peers through the backend (gloo
+offers no abort that releases a blocked wait). So a wait is cut into slices, and between slices
+the waiting rank *looks* at its :class:`~communicator.control.board.FailureBoard` (one store
+request when nothing happened). Slices double from :data:`FIRST_SLICE_SECONDS` to
+:data:`LOOK_SECONDS`: an operation that finishes within the first slice costs no request at all,
+and a long wait costs about one request a second, whatever the size of the job.
+
+A work's ``wait(timeout)`` takes a ``timedelta``; it returns ``False`` or raises (``TimeoutError``,
+or torch's ``RuntimeError`` that says "timed out") when the slice ran out. Point-to-point
+transfers are waited on whole in a helper thread (gloo treats a send's or receive's wait timeout
+as the transfer's own: when it runs out, the connection closes).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from communicator.control.board import FailureBoard, backoff
+from communicator.control.stalls import Stall, Watch
+from communicator.errors import CommError, CommTimeoutError, PeerClosedError, PeerLostError
+
+__all__ = [
+    "FIRST_SLICE_SECONDS",
+    "LOOK_SECONDS",
+    "PointToPoint",
+    "Together",
+    "TransferWaiter",
+    "finished",
+    "translate",
+    "wait",
+]
+
+#: How long a wait runs before its first look at the board.
+FIRST_SLICE_SECONDS = 0.05
+#: The longest slice: a long wait looks about this often (one store request when nothing happened).
+LOOK_SECONDS = 1.0
+_FIRST = timedelta(seconds=FIRST_SLICE_SECONDS)
+#: How long a receive may wait after its peer closed (whatever the peer sent has arrived by then).
+CLOSED_GRACE_SECONDS = 1.0
+_LOST = ("Connection closed by peer", "Connection reset", "Broken pipe", "Socket closed", "ECONNRESET")
+
+
+def finished(work: Any, seconds: float) -> bool:
+    """Wait at most ``seconds`` for ``work``: whether it finished (see the module docstring)."""
+    try:
+        return work.wait(timedelta(seconds=seconds)) is not False
+    except TimeoutError:
+        return False
+    except RuntimeError as error:
+        if "timed out" in str(error).lower() and not isinstance(error, CommError):
+            return False
+        raise
+
+
+class PointToPoint:
+    """A started send or receive (wrapped so waits can tell it from a collective)."""
+
+    __slots__ = ("peer", "work")
+
+    def __init__(self, work: Any, peer: int) -> None:
+        self.work, self.peer = work, peer
+
+    def wait(self) -> Any:
+        return self.work.wait()
+
+    def is_completed(self) -> bool:
+        return bool(self.work.is_completed())
+
+
+class Together:
+    """Several started works that finish as one operation."""
+
+    __slots__ = ("works",)
+
+    def __init__(self, works: list[Any]) -> None:
+        self.works = works
+
+    def wait(self, timeout: timedelta | None = None) -> None:
+        for work in self.works:
+            work.wait() if timeout is None else work.wait(timeout)
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
+
+class _Job:
+    """Transfers handed to the waiter; ``done`` is set when they finished or one failed."""
+
+    __slots__ = ("done", "error", "limit", "works")
+
+    def __init__(self, works: Sequence[Any], limit: float) -> None:
+        self.works, self.limit = works, limit
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class TransferWaiter:
+    """One thread per communicator, started on first use, waiting on transfers in order."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self, works: Sequence[PointToPoint], limit: float) -> _Job:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="communicator-transfers", daemon=True)
+            self._thread.start()
+        job = _Job([w.work for w in works], limit)
+        self._jobs.put(job)
+        return job
+
+    def stop(self) -> None:
+        """Let the thread end once it is idle (one stuck on an abandoned transfer ends with the process)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join(timeout=1.0)
+            self._thread = None
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                for work in job.works:
+                    work.wait(timedelta(seconds=job.limit))
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting caller
+                job.error = error
+            finally:
+                job.works = []  # the transfers' tensors (received frames) must not outlive the operation
+                job.done.set()
+            job = work = None  # nor wait here for the next job
+
+
+def wait(
+    works: Sequence[Any],
+    board: FailureBoard,
+    transfers: TransferWaiter,
+    rank: int,
+    seq: int,
+    what: str,
+    limit: float,
+    watch: Watch | None = None,
+) -> None:
+    """Wait for ``works`` (operation number ``seq``, ``what``); raise promptly if a peer failed,
+    refused its part, died or closed, and ``CommTimeoutError`` after ``limit`` seconds. A wait
+    that lasts has its stall diagnosed (``watch``, see :mod:`communicator.control.stalls`)."""
+    if any(isinstance(work, Together) for work in works):
+        works = [part for work in works for part in (work.works if isinstance(work, Together) else (work,))]
+    if len(works) == 1 and not isinstance(works[0], PointToPoint):  # the common case: one collective
+        try:
+            if works[0].wait(_FIRST) is not False:
+                return
+        except TimeoutError:
+            pass
+        except RuntimeError as error:  # as below: a slice that ran out means wait on and look around
+            if "timed out" not in str(error).lower() or isinstance(error, CommError):
+                raise translate(error, board, rank, seq, what, None, limit) from error
+    started = time.monotonic()
+    deadline = started + limit
+    stall: Stall | None = watch.begin(rank, what, started, limit) if watch is not None else None
+    p2p = [w for w in works if isinstance(w, PointToPoint)]
+    job = transfers.start(p2p, limit) if p2p else None
+    pause = backoff(FIRST_SLICE_SECONDS, LOOK_SECONDS)
+    for work in works:
+        if job is not None and isinstance(work, PointToPoint):
+            continue
+        while True:
+            try:
+                if finished(work, min(pause(), max(deadline - time.monotonic(), 0.001))):
+                    break
+            except RuntimeError as error:  # the operation's own error; a finished work returns at once next time
+                raise translate(error, board, rank, seq, what, stall, limit) from error
+            _look(board, rank, seq, what, stall)
+            if time.monotonic() > deadline:
+                raise _timed_out(what, rank, limit, stall)
+    if job is not None:
+        _wait_for_transfers(job, p2p, board, rank, seq, what, deadline, stall, limit)
+
+
+def _look(board: FailureBoard, rank: int, seq: int, what: str, stall: Stall | None) -> None:
+    board.check(rank, seq, what)
+    if stall is not None:
+        stall.tick(time.monotonic())
+
+
+def _timed_out(what: str, rank: int, limit: float | None, stall: Stall | None, detail: str = "") -> CommTimeoutError:
+    found = stall.explain() if stall is not None else ""
+    missing = stall.verdict.awaited if stall is not None and stall.verdict is not None else None
+    within = f"within {limit:g} s " if limit is not None else "in time "
+    message = f"{what} did not finish {within}on rank {rank}" + (f": {found}" if found else "")
+    return CommTimeoutError(message + (f" (the backend said: {detail})" if detail else ""), missing_ranks=missing)
+
+
+def _wait_for_transfers(
+    job: _Job,
+    p2p: Sequence[PointToPoint],
+    board: FailureBoard,
+    rank: int,
+    seq: int,
+    what: str,
+    deadline: float,
+    stall: Stall | None,
+    limit: float,
+) -> None:
+    # The transfers time out on their own at the deadline; the grace covers a stuck thread.
+    noticed: dict[int, float] = {}  # when this rank first saw a peer of an unfinished transfer closed
+    pause = backoff(FIRST_SLICE_SECONDS, LOOK_SECONDS)
+    while not job.done.wait(pause()):
+        _look(board, rank, seq, what, stall)
+        now = time.monotonic()
+        closed = board.closed()
+        for transfer in p2p:
+            if transfer.peer in closed and not transfer.is_completed():
+                since = noticed.setdefault(transfer.peer, now)
+                if now - since > CLOSED_GRACE_SECONDS:
+                    done, last = closed[transfer.peer]
+                    raise PeerClosedError(transfer.peer, done, last, f"{what} on rank {rank}")
+        if now > deadline + LOOK_SECONDS * 2:
+            raise _timed_out(what, rank, limit, stall)
+    failure = job.error
+    if failure is not None:
+        if not isinstance(failure, RuntimeError):
+            raise failure
+        raise translate(failure, board, rank, seq, what, stall, limit) from failure
+
+
+def translate(
+    error: RuntimeError,
+    board: FailureBoard,
+    rank: int,
+    seq: int,
+    what: str,
+    stall: Stall | None = None,
+    limit: float | None = None,
+) -> CommError:
+    """The library's error for a backend's: a peer that failed first explains any transport error;
+    the backend's own text is kept as the detail."""
+    if isinstance(error, CommError):
+        return error
+    try:
+        board.check(rank, seq, what)
+    except CommError as known:  # the store gone included: a peer was lost
+        return known
+    text = str(error)
+    first_line = text.splitlines()[0] if text else type(error).__name__
+    if any(marker in text for marker in _LOST):
+        return PeerLostError(
+            f"{what} on rank {rank}: a peer was lost (its process died or closed the connection): {first_line}"
+        )
+    if "timed out" in text.lower():
+        return _timed_out(what, rank, limit, stall, first_line)
+    return CommError(f"{what} failed on rank {rank}: {first_line}")

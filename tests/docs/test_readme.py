@@ -1,0 +1,35 @@
+"""The README's first screen: what, why, the two commands with the venv step, then the example."""
+
+from __future__ import annotations
+
+from doc_snippets import README, ROOT, snippets
+
+DEMO = "python -m pip install torch==2.13.0 && python -m pip install -e . && python -m communicator demo"
+TESTS = 'python -m pip install torch==2.13.0 && python -m pip install -e ".[test,docs,bench]" && python -m pytest'
+VENV = "python3 -m venv .venv && . .venv/bin/activate"
+FIRST_SCREEN = 40  # lines
+
+
+def _first_bash_block(lines: list[str]) -> list[str]:
+    start = lines.index("```bash")
+    return lines[start + 1 : lines.index("```", start + 1)]
+
+
+def test_the_commands_come_first_in_one_block_with_the_venv_step() -> None:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    block = _first_bash_block(lines)
+    commands = [line for line in block if not line.startswith("#")]
+    assert commands == [VENV, DEMO, TESTS]
+
+
+def test_ci_runs_the_readme_s_test_command() -> None:
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert ci[-1] == TESTS
+
+
+def test_the_example_is_on_the_first_screen_and_runs_plain_and_under_torchrun() -> None:
+    blocks = snippets(README)
+    assert blocks, "the README has no Python example"
+    assert blocks[0].line <= FIRST_SCREEN, f"the example starts at line {blocks[0].line}"
+    for block in blocks:  # test_snippets.py runs each in every mode its marker names
+        assert {"python", "torchrun 2"} <= set(block.modes), f"{block.id} runs as {block.modes}"
