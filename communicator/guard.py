@@ -136,7 +136,8 @@ class CallState:
     def hook_refusal(self, name: str) -> CommError | None:
         """Why ``name`` is refused when a hook that observes this communicator (its own, or a
         parent's) runs in this thread; ``None`` when none does."""
-        me, state = threading.get_ident(), self
+        me = threading.get_ident()
+        state: CallState | None = self
         while state is not None:
             if state.hooking == me:
                 return CommError(

@@ -278,7 +278,7 @@ def _tensor_copies(data: Any, dtype: Any, shape: Any, requires_grad: Any, was_cu
     return copied + (nbytes if was_cuda is True and receive_device.get() is not None else 0)
 
 
-def _items(value: Any, kind: type, per_item: int) -> int:
+def _items(value: Any, kind: type[tuple[Any, ...] | dict[Any, Any] | list[Any]], per_item: int) -> int:
     return per_item * len(value) if type(value) is kind else 0
 
 

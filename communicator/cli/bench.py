@@ -9,6 +9,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
+from communicator.bench import control_plane
 from communicator.bench.cases import CASE_NAMES
 from communicator.bench.measured import CaseRun, all_correct
 from communicator.bench.overhead import format_overhead, run_overhead
@@ -39,6 +40,9 @@ def _at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+CONTROL_PLANE = "control-plane"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=_at_least(2), default=4, help="local gloo ranks to start (default 4)")
     parser.add_argument(
@@ -50,10 +54,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cases",
         nargs="+",
-        choices=(*CASE_NAMES, OVERHEAD),
+        choices=(*CASE_NAMES, OVERHEAD, CONTROL_PLANE),
         default=[*CASE_NAMES, OVERHEAD],
         metavar="CASE",
-        help=f"cases to run (default all: {' '.join(CASE_NAMES)} {OVERHEAD})",
+        help=f"cases to run (default all: {' '.join(CASE_NAMES)} {OVERHEAD}; also {CONTROL_PLANE}: the control"
+        " plane's store requests for virtual ranks)",
+    )
+    parser.add_argument(
+        "--ranks",
+        nargs="+",
+        type=_at_least(2),
+        default=list(control_plane.SIZES),
+        help="virtual ranks of the control-plane case (default 64 1024 10000)",
+    )
+    parser.add_argument(
+        "--real-store",
+        action="store_true",
+        help="control-plane case: also time the requests against a real TCPStore server",
     )
     parser.add_argument("--rounds", type=_at_least(1), default=101, help="rounds of the overhead case (default 101)")
     parser.add_argument("--json", metavar="PATH", help="also write every median, raw time, check and target here")
@@ -90,6 +107,7 @@ def _first_failure(error: CommError) -> str:
 def run(args: argparse.Namespace) -> int:
     repeat = args.repeat or (QUICK_REPEAT if args.quick else DEFAULT_REPEAT)
     cases = tuple(name for name in CASE_NAMES if name in args.cases)
+    overhead = OVERHEAD in args.cases
     plan = Plan(
         args.world_size,
         repeat,
@@ -100,6 +118,13 @@ def run(args: argparse.Namespace) -> int:
     )
     record: dict[str, object] = {}
     runs: list[CaseRun] = []
+    if CONTROL_PLANE in args.cases:
+        results = control_plane.run(args.ranks)
+        if args.real_store:
+            results += control_plane.run(args.ranks, real=True)
+        print("the control plane, virtual ranks (requests counted; times against a TCPStore with --real-store)")
+        print(control_plane.format_table(results))
+        record[CONTROL_PLANE] = [{**dataclasses.asdict(r), "knows_within": r.knows_within} for r in results]
     try:
         if cases:
             runs, statistics = run_benchmark(plan, args.timeout)
@@ -108,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
             if statistics is not None:
                 print(f"\nrank 0's operations in the cases, every call (comm.stats())\n{statistics}")
             record = to_json(plan, runs, args.quick)
-        if OVERHEAD in args.cases:
+        if overhead:
             rounds = 5 if args.quick else args.rounds
             rows, recording = run_overhead(args.world_size, rounds, args.timeout)
             print(("\n" if cases else "") + format_overhead(rows, recording, args.world_size, rounds, not args.quick))

@@ -56,9 +56,9 @@ class Hosts:
         self._local: dict[int, int] | None = None  # world rank -> pid, for the ranks on this host
         self._where: dict[int, tuple[str, int, str, int]] = {}  # world rank -> (host, pid, address, port)
 
-    def announce(self, world_rank: int) -> None:
+    def announce(self, world_rank: int, listen: bool = True) -> None:
         """Say where this process runs and listens: two requests, once per world."""
-        probe = self._listen()
+        probe = self._listen() if listen else None
         port = probe.getsockname()[1] if probe is not None else 0
         pid = os.getpid()
         guarded_store(lambda: self._store.append(f"host/{self.host}", f"{world_rank}:{pid};"))

@@ -29,15 +29,24 @@ class World:
     the ranks run, and the watcher thread that publishes this process's status."""
 
     def __init__(
-        self, store: Store, world_rank: int, world_size: int, config: CommConfig, local_size: int, address: str = ""
+        self,
+        store: Store,
+        world_rank: int,
+        world_size: int,
+        config: CommConfig,
+        local_size: int,
+        address: str = "",
+        host: str = "",
+        threads: bool = True,
     ) -> None:
+        # host and threads=False: a virtual rank of the simulation (communicator.bench.control_plane)
         self.store = StoreHandle(store)
         self.world_rank, self.world_size, self.local_size = world_rank, world_size, local_size
         self.log = EventLog(self.store)
-        self.hosts = Hosts(self.store, address=address)
-        self.hosts.announce(world_rank)
+        self.hosts = Hosts(self.store, host=host, address=address)
+        self.hosts.announce(world_rank, listen=threads)
         self.root = FailureBoard(self.log, self.hosts, self.store, "", range(world_size), local_size)
-        self.watcher = Watcher(self.root, self.hosts, world_rank, world_size, config.stall_seconds)
+        self.watcher = Watcher(self.root, self.hosts, world_rank, world_size, config.stall_seconds, threads)
         self.users = 0  # open communicators of this world
 
     def stop(self) -> None:

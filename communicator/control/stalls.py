@@ -67,6 +67,8 @@ HEARTBEATS_PER_SECOND = 500.0
 JUDGE_AFTER_SECONDS = 2.0
 #: Remote members probed per beat by a judge (local ones are checked by process id, for free).
 PROBES_PER_BEAT = 64
+#: Ranks a message names one by one (the rest are counted).
+NAMED = 16
 #: Operations whose tensors must have the same shape on every rank.
 EQUAL_SHAPES = frozenset({"all_reduce", "reduce", "broadcast"})
 
@@ -105,7 +107,13 @@ class Watcher:
     """The thread that publishes this process's status for one world, and the communicators it covers."""
 
     def __init__(
-        self, board: FailureBoard, hosts: Hosts, world_rank: int, world_size: int, stall_seconds: float
+        self,
+        board: FailureBoard,
+        hosts: Hosts,
+        world_rank: int,
+        world_size: int,
+        stall_seconds: float,
+        thread: bool = True,
     ) -> None:
         self.board, self.hosts, self.world_rank = board, hosts, world_rank
         self.heartbeat, self._settle = heartbeat_seconds(world_size), settle_seconds(stall_seconds)
@@ -117,7 +125,8 @@ class Watcher:
         self._written = ("", 0.0)  # the state last written, and when
         self.board.publish(world_rank, json.dumps(self.status()))  # every member has a status to read
         self._thread = threading.Thread(target=self._run, name="communicator-watcher", daemon=True)
-        self._thread.start()
+        if thread:  # without one, the caller beats (virtual ranks)
+            self._thread.start()
 
     def watch(self, name: str, calls: CallState) -> None:
         self._comms[name] = calls
@@ -127,7 +136,7 @@ class Watcher:
 
     def stop(self) -> None:
         self._stopped.set()
-        if self._thread is not threading.current_thread():
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=2 * BEAT_SECONDS)
 
     def status(self) -> dict[str, Any]:
@@ -301,7 +310,7 @@ class Stall:
         if verdict is None:
             return ""
         if verdict.awaited:
-            return f"ranks {verdict.awaited} did not arrive: {self.who(verdict.awaited)}{_CAUSE}"
+            return f"ranks {_few(verdict.awaited)} did not arrive: {self.who(verdict.awaited)}{_CAUSE}"
         return f"{verdict.headline}, and the backend has not completed it"
 
     def who(self, ranks: Sequence[int]) -> str:
@@ -309,7 +318,8 @@ class Stall:
         if self.verdict is None:
             return ""
         sides = self.verdict.sides
-        return "; ".join(f"rank {r} {_as_said(sides[r])}" for r in ranks if r in sides)
+        named = [f"rank {r} {_as_said(sides[r])}" for r in ranks[:NAMED] if r in sides]
+        return "; ".join(named + ([f"and {len(ranks) - NAMED} more"] if len(ranks) > NAMED else []))
 
     def _gather(self, now: float) -> list[Report]:
         watch = self._watch
@@ -367,6 +377,15 @@ class Stall:
             found,
         )
         return True
+
+
+def _few(ranks: list[int]) -> str:
+    """A list of ranks as a message shows it: the first :data:`NAMED`, then how many more."""
+    return (
+        str(ranks)
+        if len(ranks) <= NAMED
+        else f"{ranks[:NAMED]} and {len(ranks) - NAMED} more".replace("]", ", ...]", 1)
+    )
 
 
 def _as_said(side: str) -> str:

@@ -1,0 +1,225 @@
+"""The control plane at scale: its real code for N virtual ranks in one process, against a store
+that counts requests (over torch's ``HashStore``) or against a real ``TCPStore`` server.
+
+Each virtual rank is a :class:`~communicator.control.World` of its own (its ranks on hosts of
+:data:`PER_HOST`, no threads or sockets: the simulation beats its watcher and drives its looks on
+the schedule a real wait follows), so what is counted is what N processes would send.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from torch._C._distributed_c10d import HashStore, PrefixStore, Store, TCPStore
+
+from communicator.config import CommConfig
+from communicator.control.board import backoff
+from communicator.control.plane import Control, World
+from communicator.control.waiting import FIRST_SLICE_SECONDS, LOOK_SECONDS
+from communicator.errors import CollectiveMismatchError, CommError, PeerLostError, RemoteError
+from communicator.guard import CallState
+
+__all__ = ["SCENARIOS", "SIZES", "CountingStore", "Result", "format_table", "run", "simulate"]
+
+SIZES = (64, 1024, 10_000)
+#: Virtual ranks per host.
+PER_HOST = 8
+#: How long the simulated waits last.
+WAIT_SECONDS = 10.0
+SCENARIOS = ("startup", "idle wait", "failure", "mismatch", "stall", "lost peer", "closing")
+#: Scenarios that spread news from one rank to every other.
+NEWS = ("failure", "mismatch", "lost peer")
+
+
+class CountingStore(Store):
+    """A store that counts the requests made to it (each call is one request to a real server)."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__()
+        self.inner, self.counts = inner, Counter[str]()
+
+    def set(self, key: str, value: Any) -> None:
+        self.counts["set"] += 1
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        self.counts["get"] += 1
+        return self.inner.get(key)
+
+    def add(self, key: str, value: int) -> int:
+        self.counts["add"] += 1
+        return self.inner.add(key, value)
+
+    def check(self, keys: list[str]) -> bool:
+        self.counts["check"] += 1
+        return self.inner.check(keys)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        self.counts["multi_get"] += 1
+        return self.inner.multi_get(keys)
+
+    def append(self, key: str, value: Any) -> None:
+        self.counts["append"] += 1
+        self.inner.append(key, value)  # type: ignore[attr-defined]  # every torch store has it
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclasses.dataclass
+class Result:
+    """One scenario at one size: requests in all, per rank, per rank per second, and how long until
+    every rank knew (requests timed against a real server, plus the longest pause between looks)."""
+
+    scenario: str
+    ranks: int
+    requests: int
+    seconds: float  # the simulated time the scenario covers
+    knew: bool  # whether every rank found out what it had to
+    served: float | None = None  # wall time a real server took for the requests that spread the news
+
+    @property
+    def per_rank(self) -> float:
+        return self.requests / self.ranks
+
+    @property
+    def rate(self) -> float:
+        return self.per_rank / self.seconds if self.seconds else 0.0
+
+    @property
+    def knows_within(self) -> float | None:
+        if self.served is None or self.scenario not in (*NEWS, "startup"):
+            return None
+        return self.served + (LOOK_SECONDS if self.scenario in NEWS else 0.0)
+
+
+def looks_within(seconds: float) -> list[float]:
+    """When a wait of ``seconds`` looks at its board (see :func:`communicator.control.waiting.wait`)."""
+    pause, now, times = backoff(FIRST_SLICE_SECONDS, LOOK_SECONDS), FIRST_SLICE_SECONDS, []
+    while (now := now + pause()) <= seconds:
+        times.append(now)
+    return times
+
+
+def _ranks(store: Store, n: int, stall_seconds: float) -> list[Control]:
+    config = CommConfig(timeout=timedelta(seconds=600), stall_seconds=stall_seconds)
+    controls = []
+    for rank in range(n):
+        world = World(store, rank, n, config, PER_HOST, host=f"h{rank // PER_HOST}", threads=False)
+        controls.append(Control(world, world.root, rank, CallState(), config))
+    return controls
+
+
+def _wait(controls: Sequence[Control], seconds: float) -> bool:
+    """Every rank waits ``seconds`` in the same operation, looking on the real schedule, its
+    watcher beating once a second; whether a verdict reached every rank."""
+    started = time.monotonic()
+    stalls = [c.watch.begin(c.rank, "all_reduce", started, 600.0) for c in controls]
+    beat = 0.0
+    for at in looks_within(seconds):
+        while beat + 1.0 <= at:
+            beat += 1.0
+            for control in controls:
+                control.world.watcher.beat(started + beat)
+        for control, stall in zip(controls, stalls, strict=True):
+            control.board.check(control.rank, 0, "all_reduce")
+            stall.tick(started + at)
+    return all(stall.verdict is not None for stall in stalls)
+
+
+def _spread(controls: Sequence[Control], post: Callable[[], None], error: type[CommError]) -> tuple[bool, float]:
+    """``post`` on one rank, then every other rank's next look; whether each raised ``error``, and the wall time."""
+    started = time.perf_counter()
+    post()
+    knew = True
+    for control in controls[1:]:
+        try:
+            control.board.check(control.rank, 1, "all_reduce")
+            knew = False
+        except error:
+            pass
+    return knew, time.perf_counter() - started
+
+
+def simulate(n: int, make_store: Callable[[], Store], real: bool = False) -> list[Result]:
+    """Every scenario at ``n`` virtual ranks; ``real``: the store is a server, so times are reported."""
+    results = []
+    logging.getLogger("communicator").disabled = True  # virtual ranks' stall warnings are not news
+    try:
+        for scenario in SCENARIOS:
+            results.append(_scenario(scenario, n, make_store, real))
+    finally:
+        logging.getLogger("communicator").disabled = False
+    return results
+
+
+def _scenario(scenario: str, n: int, make_store: Callable[[], Store], real: bool) -> Result:
+    counting = CountingStore(make_store())
+    stall_seconds = 4.0 if scenario == "stall" else 600.0
+    started = time.perf_counter()
+    controls = _ranks(counting, n, stall_seconds)
+    for control in controls:  # the first look
+        control.board.check(control.rank, 0, "startup")
+    served = time.perf_counter() - started
+    before, seconds, knew = counting.total, 0.0, True
+    first = controls[0]
+    if scenario == "startup":
+        before = 0
+    elif scenario in ("idle wait", "stall"):
+        seconds = WAIT_SECONDS
+        knew = _wait(controls, WAIT_SECONDS) or scenario == "idle wait"
+        served = 0.0
+    elif scenario == "failure":
+        knew, served = _spread(controls, lambda: first.failed(RuntimeError("boom"), "step"), RemoteError)
+    elif scenario == "mismatch":
+        error = CollectiveMismatchError({0: "in all_reduce #1", 1: "in broadcast #1"}, "different collectives")
+        knew, served = _spread(controls, lambda: first.board.post_mismatch(0, error), CollectiveMismatchError)
+    elif scenario == "lost peer":
+        lost = lambda: first.board.post_lost(0, n - 1, "its process has exited")  # noqa: E731 - as the judge posts it
+        knew, served = _spread(controls[:-1], lost, PeerLostError)
+    else:  # closing: every rank leaves
+        started = time.perf_counter()
+        for control in controls:
+            control.close(None)
+        served = time.perf_counter() - started
+    return Result(scenario, n, counting.total - before, seconds, knew, served if real else None)
+
+
+def run(sizes: Sequence[int] = SIZES, real: bool = False) -> list[Result]:
+    """Every scenario at every size, against a counting ``HashStore`` or (``real``) a ``TCPStore`` server."""
+    results = []
+    for n in sizes:
+        if real:
+            server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
+            fresh = itertools.count()
+
+            def scenario_store(server: TCPStore = server, fresh: itertools.count[int] = fresh) -> Store:
+                return PrefixStore(f"scenario{next(fresh)}/", server)
+
+            results += simulate(n, scenario_store, real=True)
+        else:
+            results += simulate(n, HashStore)
+    return results
+
+
+def format_table(results: Sequence[Result]) -> str:
+    lines = [
+        "| scenario | N ranks | store requests | per rank | per rank per second | every rank knew | within |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        rate = f"{r.rate:.2f}" if r.seconds else ""
+        within = "" if r.knows_within is None else f"{r.knows_within:.2f} s"
+        lines.append(
+            f"| {r.scenario} | {r.ranks:,} | {r.requests:,} | {r.per_rank:.1f} | {rate} "
+            f"| {'yes' if r.knew else 'NO'} | {within} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,33 @@
+"""The control plane's cost at scale, from operation counts alone: its real code for virtual ranks
+against a store that counts requests (no timing, so it holds on any machine)."""
+
+from __future__ import annotations
+
+import pytest
+from torch._C._distributed_c10d import HashStore
+
+from communicator.bench.control_plane import SCENARIOS, simulate
+
+# Linear in all, flat per rank: 16 times the ranks may cost at most 16 x 1.25 times the requests.
+GROWTH = 16 * 1.25
+
+
+@pytest.fixture(scope="module")
+def counts() -> dict[int, dict[str, object]]:
+    return {n: {r.scenario: r for r in simulate(n, HashStore)} for n in (64, 1024)}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_requests_grow_linearly_and_stay_flat_per_rank(counts, scenario: str) -> None:
+    small, large = counts[64][scenario], counts[1024][scenario]
+    assert small.knew and large.knew  # every rank found out what it had to
+    assert large.requests <= small.requests * GROWTH
+    assert large.per_rank <= small.per_rank * 1.25
+    assert large.rate <= small.rate * 1.25
+
+
+def test_news_costs_a_few_requests_per_rank(counts) -> None:
+    for scenario in ("failure", "mismatch", "lost peer", "closing", "startup"):
+        assert counts[1024][scenario].per_rank <= 5  # one post, then one look and one read per rank
+    # a long wait looks about once a second, whatever the size of the job
+    assert counts[1024]["idle wait"].rate <= 2.0
