@@ -8,6 +8,7 @@ Also the two shapes of a started operation that communicators hand to each other
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any, Generic, Protocol, TypeVar
 
 from communicator.config import Timeout, seconds
@@ -18,9 +19,14 @@ T = TypeVar("T")
 
 
 class Work(Protocol):
-    """A started operation: a primitive returns one, the communicator's ``_wait`` finishes it."""
+    """A started operation: a primitive returns one, the communicator's ``_wait`` finishes it.
 
-    def wait(self) -> Any: ...
+    ``wait(timeout)`` waits at most ``timeout`` (a ``timedelta``; ``None``: until done) and returns
+    ``False``, or raises ``TimeoutError`` (torch's works: a ``RuntimeError`` that says "timed
+    out"), when it ran out; the control plane waits in such slices (see :mod:`communicator.control`).
+    """
+
+    def wait(self, timeout: timedelta = ...) -> Any: ...
 
     def is_completed(self) -> bool: ...
 
@@ -28,7 +34,7 @@ class Work(Protocol):
 class _Done:
     """An operation that completed when it was started (transports that work synchronously)."""
 
-    def wait(self) -> bool:
+    def wait(self, timeout: timedelta | None = None) -> bool:
         return True
 
     def is_completed(self) -> bool:

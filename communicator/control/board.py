@@ -11,12 +11,14 @@ stall judge's election) are keys under its name.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from communicator.control.liveness import Hosts
 from communicator.control.log import EventLog, Record, StoreHandle, guarded_store
+from communicator.control.ranks import Spans, spans_text
 from communicator.errors import (
     CollectiveMismatchError,
     CommError,
@@ -115,7 +117,10 @@ class FailureBoard:
 
     def post_mismatch(self, rank: int, error: CollectiveMismatchError) -> None:
         """Announce a mismatch, so that every member raises the same error."""
-        self._post("mismatch", rank, what=error.what, sides={str(r): s for r, s in error.sides.items()})
+        alike: dict[str, list[int]] = {}  # ranks that say the same, durations aside: a record of O(sides)
+        for r, side in sorted(error.sides.items()):
+            alike.setdefault(_without_seconds(side), []).append(r)
+        self._post("mismatch", rank, what=error.what, sides={side: spans_text(r) for side, r in alike.items()})
 
     def post_lost(self, rank: int, peer: int, why: str) -> None:
         """Announce that local rank ``peer``'s process is gone (found by ``rank``)."""
@@ -155,8 +160,8 @@ class FailureBoard:
         elif kind == "input":
             self._inputs.setdefault(int(record["seq"]), {}).setdefault(rank, RemoteFailure.from_json(record["failure"]))
         elif kind == "mismatch" and self._mismatch is None:
-            sides = {int(r): str(side) for r, side in record["sides"].items()}
-            self._mismatch = CollectiveMismatchError(sides, str(record["what"]))
+            sides = {r: str(side) for side, ranks in record["sides"].items() for r in Spans(ranks)}
+            self._mismatch = CollectiveMismatchError(dict(sorted(sides.items())), str(record["what"]))
         elif kind == "lost":
             self._lost.setdefault(int(record["peer"]), str(record["why"]))
         elif kind == "closed":
@@ -273,6 +278,11 @@ class FailureBoard:
     def publish(self, world_rank: int, status: str) -> None:
         """Write a process's status (see :mod:`communicator.control.stalls`)."""
         guarded_store(lambda: self._store.set(f"status/{world_rank}", status))
+
+
+def _without_seconds(side: str) -> str:
+    """A rank's side without how long it has been there (each rank's differs)."""
+    return re.sub(r" for \d+ s\b", "", side)
 
 
 def _first_causes(failures: list[RemoteFailure]) -> list[RemoteFailure]:

@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 from communicator.control.board import FailureBoard
 from communicator.control.liveness import Hosts
+from communicator.control.ranks import Spans, spans_text
 from communicator.errors import CollectiveMismatchError, PeerLostError
 from communicator.guard import CallState
 
@@ -214,8 +215,18 @@ class Verdict(NamedTuple):
 
     kind: str
     headline: str
-    sides: dict[int, str]  # rank -> what it is doing
-    awaited: list[int]  # the ranks that are not in this collective
+    sides: dict[int, str]  # rank -> what it is doing (as posted: only the ranks a message names)
+    awaited: Sequence[int]  # the ranks that are not in this collective
+
+    def record(self) -> dict[str, Any]:
+        """The verdict as a record: O(1) in the job's size, so every waiting rank can read it."""
+        named = {str(r): self.sides[r] for r in self.awaited[:NAMED] if r in self.sides}
+        return {"kind": self.kind, "headline": self.headline, "sides": named, "awaited": spans_text(self.awaited)}
+
+    @classmethod
+    def of_record(cls, found: dict[str, Any]) -> Verdict:
+        sides = {int(r): str(side) for r, side in found["sides"].items()}
+        return cls(str(found["kind"]), str(found["headline"]), sides, Spans(str(found["awaited"])))
 
 
 def judge(me: int, reports: Sequence[Report]) -> Verdict:
@@ -265,6 +276,7 @@ class Stall:
         self._probed = 0  # where the next round of liveness probes starts
         self._suspect: tuple[Any, ...] | None = None  # a mismatch seen once
         self._logged = ""
+        self._followed: dict[str, Any] | None = None  # the judge's verdict record last warned of
         self.verdict: Verdict | None = None
 
     def tick(self, now: float) -> None:
@@ -280,11 +292,10 @@ class Stall:
             self._judge(now, calls.seq, publish=not p2p)
             return
         found = board.verdicts.get(calls.seq)
-        if found is not None and now >= self._diagnose_at:
-            self.verdict = Verdict(
-                found["kind"], found["headline"], {int(r): s for r, s in found["sides"].items()}, found["awaited"]
-            )
-            self._log(self.verdict, now)
+        if found is not None and found is not self._followed and now >= self._diagnose_at:
+            self._followed = found  # the judge posts a verdict only when it says something new
+            self.verdict = Verdict.of_record(found)
+            self._warn(self.verdict, now)
 
     def _judge(self, now: float, seq: int, publish: bool) -> None:
         reports = self._gather(now)
@@ -302,7 +313,7 @@ class Stall:
             return
         self._suspect = None
         if self._log(verdict, now) and publish:
-            self._watch.board.post_verdict(self._rank, seq, verdict._asdict())
+            self._watch.board.post_verdict(self._rank, seq, verdict.record())
 
     def explain(self) -> str:
         """What the last look found, for an error message ("" before any look)."""
@@ -366,6 +377,10 @@ class Stall:
         if key == self._logged:
             return False
         self._logged = key
+        self._warn(verdict, now)
+        return True
+
+    def _warn(self, verdict: Verdict, now: float) -> None:
         mine = describe(self._watch.calls)
         call = f"{self._what} #{mine.get('seq')} at {mine.get('site', 'unknown')}"
         found = self.explain().removesuffix(_CAUSE)
@@ -376,16 +391,13 @@ class Stall:
             call,
             found,
         )
-        return True
 
 
-def _few(ranks: list[int]) -> str:
-    """A list of ranks as a message shows it: the first :data:`NAMED`, then how many more."""
-    return (
-        str(ranks)
-        if len(ranks) <= NAMED
-        else f"{ranks[:NAMED]} and {len(ranks) - NAMED} more".replace("]", ", ...]", 1)
-    )
+def _few(ranks: Sequence[int]) -> str:
+    """A list of ranks as a message shows it: the first :data:`NAMED`, then how many in all."""
+    if len(ranks) <= NAMED:
+        return str(list(ranks))
+    return f"{str(ranks[:NAMED])[:-1]}, ...] ({len(ranks)} ranks)"
 
 
 def _as_said(side: str) -> str:

@@ -67,8 +67,8 @@ class PointToPoint:
     def __init__(self, work: Any, peer: int) -> None:
         self.work, self.peer = work, peer
 
-    def wait(self) -> Any:
-        return self.work.wait()
+    def wait(self, timeout: timedelta | None = None) -> Any:
+        return self.work.wait() if timeout is None else self.work.wait(timeout)
 
     def is_completed(self) -> bool:
         return bool(self.work.is_completed())
@@ -190,7 +190,7 @@ def _look(board: FailureBoard, rank: int, seq: int, what: str, stall: Stall | No
 
 def _timed_out(what: str, rank: int, limit: float | None, stall: Stall | None, detail: str = "") -> CommTimeoutError:
     found = stall.explain() if stall is not None else ""
-    missing = stall.verdict.awaited if stall is not None and stall.verdict is not None else None
+    missing = list(stall.verdict.awaited) if stall is not None and stall.verdict is not None else None
     within = f"within {limit:g} s " if limit is not None else "in time "
     message = f"{what} did not finish {within}on rank {rank}" + (f": {found}" if found else "")
     return CommTimeoutError(message + (f" (the backend said: {detail})" if detail else ""), missing_ranks=missing)

@@ -1,0 +1,65 @@
+"""Lists of ranks as records carry them: spans (``"0-5,7,9-1023"``), so that a record naming
+most of a 10,000-rank job stays a few bytes, and every rank that reads it stays O(1)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
+from typing import overload
+
+__all__ = ["Spans", "spans_text"]
+
+
+def spans_text(ranks: Iterable[int]) -> str:
+    """Ranks (ascending) as spans: ``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    parts = []
+    for _, run in itertools.groupby(enumerate(ranks), key=lambda pair: pair[1] - pair[0]):
+        members = [rank for _, rank in run]
+        parts.append(str(members[0]) if len(members) == 1 else f"{members[0]}-{members[-1]}")
+    return ",".join(parts)
+
+
+class Spans(Sequence[int]):
+    """The ranks of a spans text, as a sequence that is never expanded unless asked to."""
+
+    def __init__(self, text: str) -> None:
+        self._spans: list[range] = []
+        for part in filter(None, text.split(",")):
+            first, _, last = part.partition("-")
+            self._spans.append(range(int(first), int(last or first) + 1))
+        self._length = sum(len(span) for span in self._spans)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Iterator[int]:
+        return itertools.chain.from_iterable(self._spans)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._length)
+            if step == 1:
+                return list(itertools.islice(self, start, stop))
+            return [self[i] for i in range(start, stop, step)]
+        if index < 0:
+            index += self._length
+        for span in self._spans:
+            if index < len(span):
+                return span[index]
+            index -= len(span)
+        raise IndexError("rank index out of range")
+
+    def __contains__(self, rank: object) -> bool:
+        return any(rank in span for span in self._spans)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"[{spans_text(self)}]"
