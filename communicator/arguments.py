@@ -11,10 +11,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from communicator.ops import WIRE_DTYPES
+
 __all__ = [
     "TRANSFER_TAG",
     "check_grid",
     "check_members",
+    "check_output",
     "check_peer",
     "check_rank",
     "check_split",
@@ -25,6 +28,10 @@ __all__ = [
 
 #: The point-to-point tag of the library's own transfers, apart from the tags users pass to send/recv.
 TRANSFER_TAG = 0x7C0DE
+#: The tag of the argument checks (see :mod:`communicator.agreement`): apart from every transfer.
+CHECK_TAG = TRANSFER_TAG + 1
+_DTYPES = frozenset(WIRE_DTYPES)
+_OVERLAP = 1  # torch._debug_has_internal_overlap: some elements share memory
 
 
 def check_rank(name: str, value: object, world_size: int) -> int:
@@ -46,18 +53,41 @@ def check_peer(name: str, value: object, rank: int, world_size: int) -> int:
 
 def check_tag(tag: object) -> int:
     """A user's point-to-point tag: a non-negative int other than the library's own."""
-    if isinstance(tag, bool) or not isinstance(tag, int) or tag < 0 or tag == TRANSFER_TAG:
-        raise ValueError(f"tag must be a non-negative int other than {TRANSFER_TAG} (the library's own), got {tag!r}")
+    if isinstance(tag, bool) or not isinstance(tag, int) or tag < 0 or tag in (TRANSFER_TAG, CHECK_TAG):
+        raise ValueError(
+            f"tag must be a non-negative int other than {TRANSFER_TAG} and {CHECK_TAG} (the library's own), got {tag!r}"
+        )
     return tag
 
 
 def check_tensor(name: str, value: object) -> torch.Tensor:
-    """``value`` when it is a dense tensor; otherwise a ``TypeError`` that says what was expected."""
+    """``value`` when it is a dense tensor with data, of a dtype the library moves; otherwise a
+    ``TypeError`` that says what was expected."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if value.layout != torch.strided:
         raise TypeError(f"{name} must be a dense (strided) tensor, got layout {value.layout}")
+    if value.dtype not in _DTYPES:
+        raise TypeError(f"{name} has dtype {value.dtype}, which no backend moves; supported: {_supported()}")
+    if value.is_meta:  # torch raises NotImplementedError late, after peers may have started
+        raise TypeError(f"{name} is on the meta device: it has no data to send or receive")
     return value
+
+
+def check_output(name: str, value: object) -> torch.Tensor:
+    """``check_tensor``, for a tensor the operation writes into: each element must have memory of its
+    own (an expanded, stride-0 view cannot be written, and torch would only say so afterwards)."""
+    tensor = check_tensor(name, value)
+    if not tensor.is_contiguous() and torch._debug_has_internal_overlap(tensor) == _OVERLAP:
+        raise ValueError(
+            f"{name} cannot be written: some of its elements share memory (an expanded or stride-0 view, "
+            f"strides {tensor.stride()}); pass a tensor of its own, e.g. {name}.clone()"
+        )
+    return tensor
+
+
+def _supported() -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in WIRE_DTYPES)
 
 
 def check_tensors(name: str, value: object, count: int) -> list[torch.Tensor]:

@@ -38,6 +38,7 @@ import communicator.objects as protocol
 import communicator.shapes as shapes
 from communicator.arguments import (
     TRANSFER_TAG,
+    check_output,
     check_peer,
     check_rank,
     check_tag,
@@ -171,6 +172,8 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         return cls(config)
 
     def __enter__(self: CommT) -> CommT:
+        if self._closed:
+            raise _closed_error("__enter__")
         Communicator._active.append(self)
         return self
 
@@ -454,7 +457,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
 
     def _reduction(self, tensor: Tensor, op: ReduceOpLike, dst: int | None, async_op: bool) -> Tensor | Handle[Tensor]:
         """``all_reduce`` (``dst=None``) and ``reduce``: one path, so both finish the same way."""
-        tensor = check_tensor("tensor", tensor)
+        tensor = check_output("tensor", tensor)
         name = parse_op(op)
         check_op_dtype(name, tensor.dtype)
         staged = self._stage(tensor)
@@ -547,7 +550,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
             comm.broadcast(t, src=0)            # both: tensor([7])
             ```
         """
-        tensor = check_tensor("tensor", tensor)
+        tensor = check_output("tensor", tensor)
         staged = self._stage(tensor)
         work = self._launch_into(staged, self._broadcast, check_rank("src", src, self.world_size))
         n = tensor.nbytes
@@ -713,12 +716,22 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         output = torch.empty_like(inputs[self.rank])
         total = sum(t.nbytes for t in inputs)
         self._calls.count(total - output.nbytes, output.nbytes, total)
+        world = self.world_size
+        if name == "mean" and not is_floating(output.dtype):  # every rank sees every sum, so all decide alike
+            flat = torch.cat([t.reshape(-1) for t in inputs])
+            start, keep = sum(t.numel() for t in inputs[: self.rank]), flat.clone()
+            work = self._launch(self._all_reduce, flat, "sum")
+
+            def finish() -> Tensor:
+                divide_exactly(flat, world, keep)
+                return output.copy_(flat[start : start + output.numel()].reshape(output.shape))
+
+            return self._complete([work], finish, async_op)
         work = self._launch(self._reduce_scatter, output, inputs, "sum" if name == "mean" else name)
-        world, own = self.world_size, inputs[self.rank]
 
         def finish() -> Tensor:
             if name == "mean":
-                divide_exactly(output, world, own)
+                divide_exactly(output, world, output)
             return output
 
         return self._complete([work], finish, async_op)
@@ -763,7 +776,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
     @collective(p2p=True)
     def irecv(self, tensor: Tensor, src: int, tag: int = 0) -> Handle[Tensor]:
         """Start receiving into ``tensor`` from rank ``src``; ``wait()`` returns the filled tensor."""
-        tensor = check_tensor("tensor", tensor)
+        tensor = check_output("tensor", tensor)
         src, tag = check_peer("src", src, self.rank, self.world_size), check_tag(tag)
         staged = self._stage(tensor)
         work = self._launch_into(staged, self._irecv, src, tag)

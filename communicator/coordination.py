@@ -10,7 +10,7 @@ from typing import ParamSpec, Protocol, TypeVar
 
 from communicator.config import Timeout, seconds
 from communicator.errors import CollectiveMismatchError, RemoteError, RemoteFailure
-from communicator.guard import collective
+from communicator.guard import CallState, collective
 from communicator.objects import EMPTY, Port, check_records, empty_record
 from communicator.seeds import draw_seed, rng_digest
 
@@ -25,6 +25,7 @@ class Coordinated(Protocol):
     """What the coordination operations use of the communicator they are mixed into."""
 
     _seeds_drawn: int
+    _calls: CallState
 
     @property
     def rank(self) -> int: ...
@@ -145,6 +146,7 @@ class Coordination:
             ```
         """
         limit = seconds(timeout)
+        _refuse(self, "wait_for_main")
         try:
             yield self.is_main_process
         except BaseException as error:
@@ -165,6 +167,7 @@ class Coordination:
         The others wait for rank 0 however long it takes (not bound by the collective timeout),
         and raise :class:`RemoteError` if rank 0's block raises.
         """
+        _refuse(self, "main_process_first")
         if not self.is_main_process:
             self._main_first()
             yield
@@ -180,3 +183,11 @@ class Coordination:
     def _main_first(self: Coordinated) -> None:
         """Where rank 0 ends its ``main_process_first`` block and the others start theirs."""
         self._patient_barrier(None)
+
+
+def _refuse(comm: Coordinated, name: str) -> None:
+    """Refuse a block on a communicator the guard refuses (closed, unusable, not a member) before
+    the block runs: rank 0 would run it alone, and leaving it would post a failure."""
+    refusal = comm._calls.refusal
+    if refusal is not None:
+        raise refusal(name)

@@ -122,6 +122,13 @@ class NonDistComm(Communicator):
         return obj
 
     @override
+    def broadcast_object_list(self, objects: list[Any], src: int = 0) -> list[Any]:
+        if not isinstance(objects, list):
+            raise TypeError(f"broadcast_object_list needs a list, got {type(objects).__name__}")
+        check_rank("src", src, 1)
+        return objects
+
+    @override
     def scatter_object(self, objects: Sequence[T] | None, src: int = 0) -> T:
         check_rank("src", src, 1)
         if objects is None or isinstance(objects, (str, bytes)) or len(objects) != 1:

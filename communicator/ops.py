@@ -64,16 +64,43 @@ def divide_exactly(total: torch.Tensor, world: int, keep: torch.Tensor) -> None:
     and ``ValueError`` is raised. Every rank holds the same sum, so every rank decides the same.
     """
     if is_floating(total.dtype):
-        total.div_(world)
+        if total.dtype in _NO_DIVISION:  # float8: torch divides it in no kernel; round once from float32
+            total.copy_(total.float().div_(world))
+        else:
+            total.div_(world)
         return
     if total.dtype == torch.bool:  # the mean of flags is a fraction: a bool cannot hold it
         total.copy_(keep)
         raise ValueError("op 'mean' of a bool tensor is a fraction; reduce a floating tensor instead")
-    if bool(torch.remainder(total, world).any()):
+    remainder, quotient = _divide(total, world)
+    if bool(remainder.any()):
         total.copy_(keep)
         raise ValueError(
             f"op 'mean' of a {total.dtype} tensor: the sum does not divide by the world size ({world}), and an "
             "integer tensor cannot hold the fraction; reduce a floating tensor (e.g. t.double()) or use op='sum' "
             "(the tensor keeps this rank's values)"
         )
-    total.floor_divide_(world)
+    if quotient is None:
+        total.floor_divide_(world)
+    elif total.dtype == torch.uint64:
+        total.view(torch.int64).copy_(quotient)
+    else:
+        total.copy_(quotient)
+
+
+_NO_DIVISION = frozenset({torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16, torch.uint32, torch.uint64})
+_HALF = 2**32
+
+
+def _divide(total: torch.Tensor, world: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The remainder of ``total / world``, and the quotient as int64 where torch cannot divide
+    ``total``'s dtype (``None``: it can). uint64 is divided in 32-bit halves, so nothing overflows."""
+    if total.dtype not in _NO_DIVISION:
+        return torch.remainder(total, world), None
+    if total.dtype != torch.uint64:
+        wide = total.to(torch.int64)
+        return wide % world, wide // world
+    bits = total.view(torch.int64)  # the same 64 bits: split them into halves that int64 holds
+    high, low = (bits >> 32) & (_HALF - 1), bits & (_HALF - 1)
+    middle = (high % world) * _HALF + low  # < world * 2**32
+    return middle % world, (high // world) * _HALF + middle // world  # wraps to the same bits

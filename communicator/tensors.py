@@ -17,7 +17,11 @@ def stage(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         with editing(tensor):
             return tensor.to(device).contiguous()
     if tensor.is_contiguous():
-        return tensor
+        if tensor.numel():
+            return tensor
+        # An empty tensor counts as contiguous whatever its strides, but a stride-0 one cannot be
+        # viewed as bytes or as real parts: the backend gets an ordinary empty tensor.
+        return torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
     with editing(tensor):
         return tensor.contiguous()
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from communicator.tensors import editing
+
 __all__ = ["Converted", "as_bytes", "for_reduction"]
 
 #: Dtypes gloo's collectives refuse.
@@ -81,4 +83,7 @@ def for_reduction(tensor: torch.Tensor, op: str) -> tuple[torch.Tensor, Callable
 
 
 def _copy(into: torch.Tensor, values: torch.Tensor) -> None:
-    into.copy_(values)
+    # Runs when the work is waited on, outside the launch's no-grad or inference mode: an inference
+    # tensor or a parameter needs it again, or the copy fails after the collective ran.
+    with editing(into):
+        into.copy_(values)

@@ -16,6 +16,7 @@ import queue
 import threading
 from collections import defaultdict
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -56,13 +57,18 @@ class ThreadWorld:
 
 
 class Received:
-    """A started receive: ``wait()`` blocks until the message is there and copies it in."""
+    """A started receive: ``wait(timeout)`` blocks until the message is there and copies it in, or
+    returns ``False`` when ``timeout`` ran out (the base class waits in such slices)."""
 
     def __init__(self, box: queue.SimpleQueue[torch.Tensor], into: torch.Tensor) -> None:
         self.box, self.into = box, into
 
-    def wait(self) -> None:
-        self.into.copy_(self.box.get())
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        try:
+            self.into.copy_(self.box.get(timeout=None if timeout is None else timeout.total_seconds()))
+        except queue.Empty:
+            return False
+        return True
 
     def is_completed(self) -> bool:
         return not self.box.empty()
