@@ -11,7 +11,8 @@ systematic, so the arguments that must agree (see :func:`key`) are compared acro
 - on every ``SAMPLE``-th collective, by its number (the same on every rank), whatever its arguments.
 
 The comparison travels point to point on the library's own tag (``CHECK_TAG``), never as a
-collective: a rank that decided otherwise (it has seen its arguments before, the others' are
+collective (so only communicators whose transfers the control plane waits on whole, ``TorchComm``
+and its subgroups, check this way; other subclasses compare calls in debug mode): a rank that decided otherwise (it has seen its arguments before, the others' are
 new: they differ) is then in a different operation, not paired with one in the backend, and the
 stall diagnosis names the mismatch. Rank 0 compares the descriptions and answers each rank with
 the verdict, so every rank raises the same :class:`~communicator.errors.CollectiveMismatchError`
@@ -21,7 +22,7 @@ and the communicator stays usable (no data moved).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -29,9 +30,9 @@ import torch
 
 from communicator.arguments import CHECK_TAG
 from communicator.errors import CollectiveMismatchError
-from communicator.handles import Work
+from communicator.events import OP
 
-__all__ = ["MAX_KEYS", "SAMPLE", "Agreement"]
+__all__ = ["MAX_KEYS", "SAMPLE", "Agreement", "agree", "key"]
 
 #: Every ``SAMPLE``-th collective is checked, whatever its arguments.
 SAMPLE = 1024
@@ -42,11 +43,30 @@ _VERDICT_BYTES = 4096  # rank 0's answer: empty when the ranks agree
 _NAMED = 6  # ranks a verdict shows besides rank 0
 
 
-def key(name: str, tensor: torch.Tensor | None, *rest: Any) -> tuple[Any, ...]:
+def key(name: str, tensor: torch.Tensor, *rest: Any) -> tuple[Any, ...]:
     """What must agree across ranks: the operation, ``tensor``'s dtype and shape, and ``rest``."""
-    if tensor is None:
-        return (name, *rest)
     return (name, tensor.dtype, tensor.shape, *rest)
+
+
+def agree(comm: Any, arguments: tuple[Any, ...], labels: Sequence[str]) -> None:
+    """Check ``arguments`` (see :func:`key`; ``labels`` name what follows the tensor) across the
+    ranks of ``comm`` (a Communicator) when they are due; debug mode compares every call already."""
+    calls = comm._calls
+    memory = calls.agreed
+    if arguments in memory.seen and calls.seq % SAMPLE:  # the common case, at once
+        return
+    if comm.world_size == 1 or comm.config.debug or not _waits_transfers_whole(comm):
+        memory.checked(arguments)  # nothing to check here: remembered, so the next call returns at once
+        return
+    record = calls.running
+    name = record[OP]
+    record[OP] = f"{name} (argument check)"  # a rank that skipped the check is in another operation
+    try:
+        _compare(comm, describe(arguments, labels), calls.seq)
+    finally:
+        record[OP] = name
+        calls.launched = False  # the operation itself has not started
+    memory.checked(arguments)
 
 
 class Agreement:
@@ -56,9 +76,6 @@ class Agreement:
 
     def __init__(self) -> None:
         self.seen: set[tuple[Any, ...]] = set()
-
-    def due(self, arguments: tuple[Any, ...], seq: int) -> bool:
-        return arguments not in self.seen or seq % SAMPLE == 0
 
     def checked(self, arguments: tuple[Any, ...]) -> None:
         """Remember ``arguments`` once every rank agreed on them (a failed check remembers nothing,
@@ -79,39 +96,39 @@ def describe(arguments: tuple[Any, ...], labels: Sequence[str]) -> str:
     return f"{name}({', '.join(shown)})"
 
 
-def compare(
-    rank: int,
-    world: int,
-    mine: str,
-    seq: int,
-    start: Callable[..., Work],
-    wait: Callable[[Sequence[Work]], None],
-    sender: Callable[..., Work],
-) -> None:
+def _waits_transfers_whole(comm: Any) -> bool:
+    """Whether ``comm``'s point-to-point works are safe to wait on in slices: ``TorchComm``'s are
+    (the control plane waits on them whole); a subclass over another transport may time a gloo
+    transfer out by waiting in slices, so it is checked in debug mode only."""
+    from communicator.torch_comm import TorchComm  # imported here: torch_comm imports the base, which imports this
+
+    return isinstance(comm, TorchComm)
+
+
+def _compare(comm: Any, mine: str, seq: int) -> None:
     """Compare ``mine`` with every rank's description through rank 0; raise the same
-    ``CollectiveMismatchError`` on every rank when they differ. ``start`` and ``sender`` start a
-    receive and a send (``tensor, peer, tag``), ``wait`` waits on works."""
+    ``CollectiveMismatchError`` on every rank when they differ."""
+    rank, world = comm.rank, comm.world_size
+
+    def start(row: np.ndarray, peer: int, send: bool) -> Any:
+        return comm._launch(comm._isend if send else comm._irecv, torch.from_numpy(row), peer, CHECK_TAG)
+
     if rank == 0:
         rows = [np.zeros(_SIDE_BYTES, dtype=np.uint8) for _ in range(world - 1)]
-        wait([start(torch.from_numpy(row), r + 1, CHECK_TAG) for r, row in enumerate(rows)])
+        comm._await([start(row, r + 1, False) for r, row in enumerate(rows)])
         sides = {0: mine, **{r + 1: _text(row) for r, row in enumerate(rows)}}
-        verdict = _verdict(sides, seq)
+        differ = [r for r, side in sides.items() if side != mine]
+        verdict = {r: sides[r] for r in [0, *differ[:_NAMED]]} if differ else {}
         answer = _pack(json.dumps(verdict) if verdict else "", _VERDICT_BYTES)
-        wait([sender(torch.from_numpy(answer), r, CHECK_TAG) for r in range(1, world)])
+        comm._await([start(answer, r, True) for r in range(1, world)])
     else:
         answer = np.zeros(_VERDICT_BYTES, dtype=np.uint8)
-        receive = start(torch.from_numpy(answer), 0, CHECK_TAG)
-        wait([sender(torch.from_numpy(_pack(mine, _SIDE_BYTES)), 0, CHECK_TAG), receive])
+        receive = start(answer, 0, False)
+        comm._await([start(_pack(mine, _SIDE_BYTES), 0, True), receive])
         text = _text(answer)
         verdict = {int(r): side for r, side in json.loads(text).items()} if text else {}
     if verdict:
         raise CollectiveMismatchError(verdict, f"#{seq}: ranks passed arguments that must agree, and they differ")
-
-
-def _verdict(sides: dict[int, str], seq: int) -> dict[int, str]:
-    """Rank 0's side and the first ranks that differ from it; empty when all agree."""
-    differ = [r for r, side in sides.items() if side != sides[0]]
-    return {r: sides[r] for r in [0, *differ[:_NAMED]]} if differ else {}
 
 
 def _pack(text: str, size: int) -> np.ndarray:

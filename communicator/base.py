@@ -32,10 +32,12 @@ from typing import Any, ClassVar, Literal, ParamSpec, TypeVar, overload
 
 import numpy as np
 import torch
+from torch.distributed.distributed_c10d import PrefixStore
 
 import communicator.dicts as dicts
 import communicator.objects as protocol
 import communicator.shapes as shapes
+from communicator.agreement import agree, key
 from communicator.arguments import (
     TRANSFER_TAG,
     check_output,
@@ -99,6 +101,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
     _specs: ClassVar[dict[str, Spec]] = {}  # every guarded public operation, by name
     _open: ClassVar[weakref.WeakSet[Communicator]] = weakref.WeakSet()  # closed at exit if still open
     _exiting: ClassVar[bool] = False  # set while the interpreter closes what was left open
+    _planes: ClassVar[int] = 0  # control planes built from _control_store() in this process
 
     def __init__(self, config: CommConfig | None = None) -> None:
         self.config: CommConfig = config if config is not None else CommConfig()
@@ -174,6 +177,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
     def __enter__(self: CommT) -> CommT:
         if self._closed:
             raise _closed_error("__enter__")
+        self._plane()  # a subclass's control plane joins now: peers may wait for this rank's status
         Communicator._active.append(self)
         return self
 
@@ -297,12 +301,15 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         return None
 
     def _plane(self) -> Control | None:
-        """The control plane, built on first use."""
+        """The control plane, built on first use, in a namespace of the store of its own (ranks
+        create communicators in the same order, so a count of them names it alike everywhere)."""
         if self._control is None and not self._closed:
             store = self._control_store()
             if store is not None:
+                Communicator._planes += 1
+                own = PrefixStore(f"communicator/plane{Communicator._planes}/", store)
                 self._control = Control.for_world(
-                    store, self.rank, self.world_size, self._calls, self.config, self.local_size
+                    own, self.rank, self.world_size, self._calls, self.config, self.local_size
                 )
         return self._control
 
@@ -460,6 +467,10 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         tensor = check_output("tensor", tensor)
         name = parse_op(op)
         check_op_dtype(name, tensor.dtype)
+        if dst is None:
+            agree(self, key("all_reduce", tensor, name), ("op",))
+        else:
+            agree(self, key("reduce", tensor, name, dst), ("op", "dst"))
         staged = self._stage(tensor)
         if dst is not None and self.rank != dst and staged is tensor:
             with editing(tensor):
@@ -551,8 +562,10 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
             ```
         """
         tensor = check_output("tensor", tensor)
+        src = check_rank("src", src, self.world_size)
+        agree(self, key("broadcast", tensor, src), ("src",))
         staged = self._stage(tensor)
-        work = self._launch_into(staged, self._broadcast, check_rank("src", src, self.world_size))
+        work = self._launch_into(staged, self._broadcast, src)
         n = tensor.nbytes
         sent = n if src == self.rank else 0
         self._calls.count(sent, n - sent, n)
@@ -595,11 +608,13 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         """
         source = self._stage(check_tensor("tensor", tensor))
         if same_shape and not self.config.debug:
+            agree(self, key("all_gather", source, True), ("same_shape",))
             outputs = [torch.empty_like(source) for _ in range(self.world_size)]
             outputs[self.rank].copy_(source)
             self._calls.count(source.nbytes, source.nbytes * (self.world_size - 1), source.nbytes * self.world_size)
             works = [self._launch(self._all_gather, outputs, source)] if self.world_size > 1 else []
             return self._complete(works, lambda: outputs, async_op)
+        agree(self, ("all_gather", source.dtype, source.dim(), bool(same_shape)), ("dtype", "ndim", "same_shape"))
         metas = self._metas(shapes.describe(source))
         if same_shape:
             shapes.same_shape(metas, "all_gather")
@@ -635,6 +650,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         """
         source = self._stage(check_tensor("tensor", tensor))
         dst = check_rank("dst", dst, self.world_size)
+        agree(self, ("gather", source.dtype, source.dim(), dst), ("dtype", "ndim", "dst"))
         metas = self._metas(shapes.describe(source))
         total, mine = sum(m.nbytes for m in metas), source.nbytes
         if self.rank != dst:
@@ -669,6 +685,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
             ```
         """
         src = check_rank("src", src, self.world_size)
+        agree(self, ("scatter", src), ("src",))
         sources = (
             [self._stage(t) for t in check_tensors("tensors", tensors, self.world_size)] if self.rank == src else []
         )
@@ -713,6 +730,8 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         inputs = [self._stage(t) for t in check_tensors("tensors", tensors, self.world_size)]
         name = parse_op(op)
         check_op_dtype(name, inputs[0].dtype)
+        arguments = ("reduce_scatter", inputs[0].dtype, tuple(t.shape for t in inputs), name)
+        agree(self, arguments, ("dtype", "shapes", "op"))
         output = torch.empty_like(inputs[self.rank])
         total = sum(t.nbytes for t in inputs)
         self._calls.count(total - output.nbytes, output.nbytes, total)
@@ -722,11 +741,11 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
             start, keep = sum(t.numel() for t in inputs[: self.rank]), flat.clone()
             work = self._launch(self._all_reduce, flat, "sum")
 
-            def finish() -> Tensor:
+            def exact() -> Tensor:
                 divide_exactly(flat, world, keep)
                 return output.copy_(flat[start : start + output.numel()].reshape(output.shape))
 
-            return self._complete([work], finish, async_op)
+            return self._complete([work], exact, async_op)
         work = self._launch(self._reduce_scatter, output, inputs, "sum" if name == "mean" else name)
 
         def finish() -> Tensor:

@@ -34,6 +34,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import torch
 
+from communicator.agreement import Agreement
 from communicator.errors import CommError
 from communicator.events import RECEIVED, RUNNING, SENT, SIZE, Event, FlightRecorder, finish
 from communicator.fingerprints import describe_arguments
@@ -47,6 +48,9 @@ _enter_range = torch._C._autograd._record_function_with_args_enter
 _exit_range = torch._C._autograd._record_function_with_args_exit
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: torch.distributed's errors (DistNetworkError, DistStoreError, ...): never raised by user code,
+#: so one escaping an operation is the transport's, and becomes the matching CommError.
+_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (torch.distributed.DistError,)
 
 
 class Spec(NamedTuple):
@@ -113,8 +117,8 @@ class CallState:
 
     observers: ClassVar[int] = 0  # hooks and statistics being gathered, in the whole process
     hooks_running: ClassVar[int] = 0  # hook lists running now, in the whole process
-    __slots__ = ("busy", "group", "home", "hooking", "hooks", "launched", "op", "ranges", "recorder", "refusal",
-                 "running", "seq", "sinks", "thread", "up")  # fmt: skip
+    __slots__ = ("agreed", "busy", "group", "home", "hooking", "hooks", "launched", "op", "ranges", "recorder",
+                 "refusal", "running", "seq", "sinks", "thread", "up")  # fmt: skip
 
     def __init__(self, events: int = 256) -> None:
         self.busy = threading.Lock()  # held while an operation runs
@@ -132,6 +136,7 @@ class CallState:
         self.up: CallState | None = None  # the parent communicator's: its statistics and hooks see ours too
         self.ranges: tuple[Any, ...] = ()  # the profiler ranges of the running operation
         self.home: tuple[str, int, int] = ("", 0, 0)  # its (group, rank, size), once an operation has asked
+        self.agreed = Agreement()  # argument sets checked across ranks (see communicator.agreement)
 
     def hook_refusal(self, name: str) -> CommError | None:
         """Why ``name`` is refused when a hook that observes this communicator (its own, or a
@@ -264,6 +269,12 @@ def guarded(method: F, spec: Spec) -> F:
                     arguments = describe_arguments(spec.signature, self, args, kwargs, spec.match)
                     self._compare_fingerprints(name, arguments, Event(record).site)
                 result = method(self, *args, **kwargs)
+            except _TRANSPORT_ERRORS as raw:  # torch's own, from a store or transport that is gone
+                if isinstance(raw, CommError):
+                    raise
+                error = self._launch_failed(raw)
+                calls.end(record, error)
+                raise error from raw
             except BaseException as error:
                 calls.end(record, error)
                 if self.config.trace_dir is not None and (calls.launched or isinstance(error, CommError)):

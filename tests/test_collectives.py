@@ -186,7 +186,7 @@ def mismatched_dtypes(comm: Communicator) -> str:
 @pytest.mark.world_size(2, 3)
 def test_mismatched_dtypes_fail_on_every_rank(run) -> None:
     messages = run(mismatched_dtypes)
-    assert all("same dtype" in m and "rank 0: all_gather(torch.float32" in m for m in messages)
+    assert all("must agree" in m and "rank 0: all_gather(dtype=torch.float32" in m for m in messages)
 
 
 def rooted(comm: Communicator) -> bool:

@@ -223,3 +223,26 @@ def format_table(results: Sequence[Result]) -> str:
             f"| {'yes' if r.knew else 'NO'} | {within} |"
         )
     return "\n".join(lines)
+
+
+def plot(results: Sequence[Result], path: str) -> None:
+    """Store requests against ranks, per scenario, on log-log axes (needs matplotlib); the dotted
+    line is what startup cost before this design (2N², every rank reading every peer's keys)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for scenario in SCENARIOS:
+        points = sorted((r.ranks, r.requests) for r in results if r.scenario == scenario and r.served is None)
+        if points:
+            axes.plot(*zip(*points, strict=True), marker="o", label=scenario)
+    sizes = sorted({r.ranks for r in results})
+    axes.plot(sizes, [2 * n * n for n in sizes], linestyle=":", color="grey", label="startup before (2N²)")
+    axes.set(xscale="log", yscale="log", xlabel="ranks", ylabel="store requests, all ranks together")
+    axes.set_title("The control plane's store requests grow linearly with the job")
+    axes.legend(fontsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)

@@ -67,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(control_plane.SIZES),
         help="virtual ranks of the control-plane case (default 64 1024 10000)",
     )
+    parser.add_argument("--plot", metavar="PATH", help="control-plane case: also draw the requests against ranks here")
     parser.add_argument(
         "--real-store",
         action="store_true",
@@ -124,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
             results += control_plane.run(args.ranks, real=True)
         print("the control plane, virtual ranks (requests counted; times against a TCPStore with --real-store)")
         print(control_plane.format_table(results))
+        if args.plot:
+            control_plane.plot(results, args.plot)
         record[CONTROL_PLANE] = [{**dataclasses.asdict(r), "knows_within": r.knows_within} for r in results]
     try:
         if cases:

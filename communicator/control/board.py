@@ -11,6 +11,7 @@ stall judge's election) are keys under its name.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -74,6 +75,7 @@ class FailureBoard:
         self._mismatch: CollectiveMismatchError | None = None
         self.verdicts: dict[int, Record] = {}  # seq -> the stall judge's latest verdict
         self._barriers = 0
+        self._statuses_complete = False  # whether every member has published a status
         self._children = 0
         self._released = False
 
@@ -270,10 +272,19 @@ class FailureBoard:
         """Whether this rank judges the stall of operation ``seq`` (the first to ask does)."""
         return bool(guarded_store(lambda: self._store.add(f"{self.name}judge/{seq}", 1)) == 1)
 
-    def statuses(self, ranks: Sequence[int]) -> list[str]:
-        """The statuses that world ranks ``ranks`` published, in order: one request."""
-        values = guarded_store(lambda: self._store.multi_get([f"status/{r}" for r in ranks]))
-        return [value.decode() for value in values]
+    def statuses(self, ranks: Sequence[int]) -> list[str | None]:
+        """The statuses that world ranks ``ranks`` published, in order (``None``: none yet): one
+        request once every rank has published one (a rank's first is written when it joins)."""
+        keys = [f"status/{r}" for r in ranks]
+        if not self._statuses_complete:
+            self._statuses_complete = guarded_store(lambda: self._store.check(keys))
+        if self._statuses_complete:
+            return [value.decode() for value in guarded_store(lambda: self._store.multi_get(keys))]
+        found: list[str | None] = []
+        for key in keys:  # a rank that has not joined yet: read key by key, without blocking
+            there = guarded_store(functools.partial(self._store.check, [key]))
+            found.append(guarded_store(functools.partial(self._store.get, key)).decode() if there else None)
+        return found
 
     def publish(self, world_rank: int, status: str) -> None:
         """Write a process's status (see :mod:`communicator.control.stalls`)."""

@@ -179,7 +179,7 @@ class Report(NamedTuple):
     entry: dict[str, Any] | None
     elsewhere: list[dict[str, Any]]
     heard: bool
-    silent: float = 0.0  # seconds since it last wrote its status
+    silent: float = 0.0  # seconds since it last wrote its status (-1: it never wrote one)
 
     @property
     def collective(self) -> tuple[int, str] | None:
@@ -190,6 +190,8 @@ class Report(NamedTuple):
         return int(entry["seq"]), str(entry["op"])
 
     def describe(self) -> str:
+        if not self.heard and self.silent < 0:
+            return "has published no status yet (it has not joined this communicator's control plane)"
         if not self.heard:
             return (
                 f"has not been heard from for {self.silent:.0f} s (it may be stopped, or blocked outside Python;"
@@ -343,7 +345,11 @@ class Stall:
             if rank == self._rank:  # this rank's own state, live
                 reports.append(Report(describe(watch.calls), [], True))
                 continue
-            status = json.loads(next(raw))
+            text = next(raw)
+            if text is None:
+                reports.append(Report(None, [], False, -1.0))
+                continue
+            status = json.loads(text)
             age = max(time.time() - float(status["at"]), 0.0)
             comms = status["comms"]
             entry = comms.get(watch.board.name)
