@@ -11,12 +11,13 @@ systematic, so the arguments that must agree (see :func:`key`) are compared acro
 - on every ``SAMPLE``-th collective, by its number (the same on every rank), whatever its arguments.
 
 The comparison travels point to point on the library's own tag (``CHECK_TAG``), never as a
-collective (so only communicators whose transfers the control plane waits on whole, ``TorchComm``
-and its subgroups, check this way; other subclasses compare calls in debug mode): a rank that decided otherwise (it has seen its arguments before, the others' are
+collective: a rank that decided otherwise (it has seen its arguments before, the others' are
 new: they differ) is then in a different operation, not paired with one in the backend, and the
-stall diagnosis names the mismatch. Rank 0 compares the descriptions and answers each rank with
-the verdict, so every rank raises the same :class:`~communicator.errors.CollectiveMismatchError`
-and the communicator stays usable (no data moved).
+stall diagnosis names the mismatch (after ``stall_seconds``; the communicator is then unusable).
+Rank 0 compares the descriptions and answers each rank with the verdict, so every rank raises
+the same :class:`~communicator.errors.CollectiveMismatchError` and the communicator stays usable
+(no data moved). Only communicators whose transfers the control plane waits on whole check this
+way (``TorchComm`` and its subgroups); other subclasses compare calls in debug mode.
 """
 
 from __future__ import annotations
@@ -99,10 +100,12 @@ def describe(arguments: tuple[Any, ...], labels: Sequence[str]) -> str:
 def _waits_transfers_whole(comm: Any) -> bool:
     """Whether ``comm``'s point-to-point works are safe to wait on in slices: ``TorchComm``'s are
     (the control plane waits on them whole); a subclass over another transport may time a gloo
-    transfer out by waiting in slices, so it is checked in debug mode only."""
-    from communicator.torch_comm import TorchComm  # imported here: torch_comm imports the base, which imports this
+    transfer out by waiting in slices, so it is checked in debug mode only. By module name: the
+    base cannot import ``torch_comm``, which imports it."""
+    return getattr(type(comm)._isend, "__module__", "") == _TORCH_COMM
 
-    return isinstance(comm, TorchComm)
+
+_TORCH_COMM = "communicator.torch_comm"
 
 
 def _compare(comm: Any, mine: str, seq: int) -> None:

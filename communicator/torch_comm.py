@@ -316,9 +316,11 @@ class TorchComm(Communicator):
         mine: Communicator | None = None
         for index, members in enumerate(groups):
             world_ranks = [self._scope.global_ranks[r] for r in members]
+            name = f"sub{number}.{index}/"
+            if self._rank not in members:
+                board.not_a_member(name)
             if not (everyone_creates or self._rank in members):
                 continue
-            name = f"sub{number}.{index}/"
             shared = None if everyone_creates else f"communicator/{self._scope.namespace}{board.name}{name}"
             pair = self._scope.groups.pair(tuple(sorted(world_ranks)), shared)
             if self._rank in members:

@@ -66,7 +66,7 @@ class FailureBoard:
         self.name, self.members, self.log, self.hosts = name, tuple(members), log, hosts
         self._store, self._local_size, self._parent = store, local_size, parent
         self._names = self._lineage()
-        self._cursor = 0  # records of the log already considered
+        self._taken = dict.fromkeys(self._names, 0)  # records of each heeded board already taken
         self._failures: dict[int, RemoteFailure] = {}  # local rank -> its first failure for good
         self._above: list[RemoteFailure] = []  # failures for good posted on the boards above
         self._inputs: dict[int, dict[int, RemoteFailure]] = {}  # seq -> local rank -> refusal
@@ -92,6 +92,10 @@ class FailureBoard:
         self._children += 1
         return self._children
 
+    def not_a_member(self, name: str) -> None:
+        """A subgroup ``name`` of this board that this rank is not in: its records are dropped."""
+        self.log.forget(self.name + name)
+
     def child(self, members: Sequence[int], name: str) -> FailureBoard:
         """The board of a subgroup over world ranks ``members``, inside this one."""
         if self._released:
@@ -101,6 +105,8 @@ class FailureBoard:
     def release(self) -> None:
         """Nothing is posted or read after this (the communicator closed)."""
         self._released = True
+        if self._parent is not None:  # the world's board lives as long as the log
+            self.log.forget(self.name)
 
     # -- posting ---------------------------------------------------------------------------
 
@@ -143,10 +149,11 @@ class FailureBoard:
     def refresh(self) -> None:
         """Read the log (one request when nothing happened) and take in this board's new records."""
         self.log.look()
-        records = self.log.records
-        while self._cursor < len(records):
-            self._take(records[self._cursor])
-            self._cursor += 1
+        for name, start in self._taken.items():
+            records = self.log.of_board(name, start)
+            self._taken[name] = start + len(records)
+            for record in records:
+                self._take(record)
 
     def _take(self, record: Record) -> None:
         own = self._names.get(record.get("board", ""))

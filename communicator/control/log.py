@@ -4,8 +4,9 @@ A rank that fails, refuses its arguments, finds a mismatch, finds a peer lost, j
 closes *posts* a record: one ``add`` that numbers it and one ``set`` of ``event/<n>``. A rank
 that waits *looks*: one ``add(events, 0)``; when the count moved, one ``multi_get`` of the new
 records. So a post reaches every looking rank with O(1) requests each, O(N) in all, and a look
-when nothing happened is a single request. Records are kept in order, per process, for every
-communicator of the world (each reads the ones of its own namespace from its own cursor).
+when nothing happened is a single request. A process keeps the records it read by board (each
+communicator of the world has one), until that board closes; records of boards it is not a
+member of are dropped as they are read.
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ class EventLog:
 
     def __init__(self, store: StoreHandle, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
-        self.records: list[Record] = []  # every record read so far, in posting order
-        self._lock = threading.Lock()  # the waiting thread and the watcher thread both look
+        self._boards: dict[str, list[Record]] = {}  # records read so far, by board, in posting order
+        self._forgotten: set[str] = set()  # boards this process will never read (closed, or not a member)
+        self._lock = threading.Lock()  # the waiting thread and a judge's probes both look
         self._read = 0  # records numbered 1.._read are read (or skipped)
         self._clock = clock
         self._missing_since: float | None = None
@@ -116,9 +118,21 @@ class EventLog:
             else:  # a poster is between its two requests: read what is there
                 values = self._written(keys)
             for value in values:
-                self.records.append(json.loads(value))
+                record = json.loads(value)
+                board = str(record.get("board", ""))
+                if board not in self._forgotten:
+                    self._boards.setdefault(board, []).append(record)
             self._read += len(values)
             return bool(values)
+
+    def of_board(self, name: str, start: int) -> list[Record]:
+        """The records of board ``name`` from its ``start``-th on."""
+        return self._boards.get(name, [])[start:]
+
+    def forget(self, name: str) -> None:
+        """Board ``name`` is not read in this process from now on: drop its records, now and to come."""
+        self._forgotten.add(name)
+        self._boards.pop(name, None)
 
     def _written(self, keys: list[str]) -> list[bytes]:
         values = []
