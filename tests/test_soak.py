@@ -1,5 +1,5 @@
 """A bounded soak: thousands of mixed collectives on 4 ranks with random payloads, every result
-checked, memory flat. ``COMMUNICATOR_SOAK_SECONDS`` sets the length (default 30)."""
+checked, memory flat. ``COMMUNICATOR_SOAK_SECONDS`` sets the length (default 10; longer runs find rarer races)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from communicator import Communicator
 from communicator.testing import run_ranks
 
-SECONDS = float(os.environ.get("COMMUNICATOR_SOAK_SECONDS", "30"))
+SECONDS = float(os.environ.get("COMMUNICATOR_SOAK_SECONDS", "10"))
 
 
 def _payload(rng: np.random.Generator, rank: int) -> dict[str, object]:

@@ -149,9 +149,7 @@ def wait(
     """Wait for ``works`` (operation number ``seq``, ``what``); raise promptly if a peer failed,
     refused its part, died or closed, and ``CommTimeoutError`` after ``limit`` seconds. A wait
     that lasts has its stall diagnosed (``watch``, see :mod:`communicator.control.stalls`)."""
-    if any(isinstance(work, Together) for work in works):
-        works = [part for work in works for part in (work.works if isinstance(work, Together) else (work,))]
-    if len(works) == 1 and not isinstance(works[0], PointToPoint):  # the common case: one collective
+    if len(works) == 1 and not isinstance(works[0], (PointToPoint, Together)):  # the common case: one collective
         try:
             if works[0].wait(_FIRST) is not False:
                 return
@@ -160,6 +158,8 @@ def wait(
         except RuntimeError as error:  # as below: a slice that ran out means wait on and look around
             if "timed out" not in str(error).lower() or isinstance(error, CommError):
                 raise translate(error, board, rank, seq, what, None, limit) from error
+    if any(isinstance(work, Together) for work in works):
+        works = [part for work in works for part in (work.works if isinstance(work, Together) else (work,))]
     started = time.monotonic()
     deadline = started + limit
     stall: Stall | None = watch.begin(rank, what, started, limit) if watch is not None else None
