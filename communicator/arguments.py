@@ -14,6 +14,7 @@ import torch
 from communicator.ops import WIRE_DTYPES
 
 __all__ = [
+    "COLLECTIVE_TAG",
     "TRANSFER_TAG",
     "check_grid",
     "check_members",
@@ -30,6 +31,9 @@ __all__ = [
 TRANSFER_TAG = 0x7C0DE
 #: The tag of the argument checks (see :mod:`communicator.agreement`): apart from every transfer.
 CHECK_TAG = TRANSFER_TAG + 1
+#: The tag of the default collectives over point-to-point (see :mod:`communicator.derived`).
+COLLECTIVE_TAG = TRANSFER_TAG + 2
+_OWN_TAGS = (TRANSFER_TAG, CHECK_TAG, COLLECTIVE_TAG)
 _DTYPES = frozenset(WIRE_DTYPES)
 _OVERLAP = 1  # torch._debug_has_internal_overlap: some elements share memory
 
@@ -53,10 +57,8 @@ def check_peer(name: str, value: object, rank: int, world_size: int) -> int:
 
 def check_tag(tag: object) -> int:
     """A user's point-to-point tag: a non-negative int other than the library's own."""
-    if isinstance(tag, bool) or not isinstance(tag, int) or tag < 0 or tag in (TRANSFER_TAG, CHECK_TAG):
-        raise ValueError(
-            f"tag must be a non-negative int other than {TRANSFER_TAG} and {CHECK_TAG} (the library's own), got {tag!r}"
-        )
+    if isinstance(tag, bool) or not isinstance(tag, int) or tag < 0 or tag in _OWN_TAGS:
+        raise ValueError(f"tag must be a non-negative int other than {_OWN_TAGS} (the library's own), got {tag!r}")
     return tag
 
 

@@ -1,22 +1,46 @@
 """`Communicator`: the one object distributed code talks through, and the specification of every
 communicator.
 
-A subclass implements a handful of primitives; everything public is written here once, on top of
-them: argument checks, the guard (closed and non-member communicators, sequence numbers, failure
+A subclass implements point-to-point (see the table); everything public is written here once, on
+top of it: argument checks, the guard (closed and non-member communicators, sequence numbers, failure
 signalling, debug fingerprints, use from two threads), device and inference-mode handling, the
 finishing step (mean division, write-back), uneven gathers, object collectives, dict reduction,
 result collection, seed synchronisation and subgroups.
 
-======================  ===================================================================
-primitives (abstract)   ``rank``, ``world_size``, ``_barrier``, ``_all_reduce``, ``_broadcast``,
-                        ``_all_gather`` (equal shapes), ``_isend``, ``_irecv``, ``_create_groups``
-optional fast paths     ``_reduce``, ``_reduce_scatter``, ``_object_channel``, the topology
-                        and ``backend`` / ``device`` / ``global_ranks`` properties
-the control plane       ``_control_store``: a key-value store shared by the ranks (torch's
-                        ``TCPStore`` qualifies); with it, every wait is bounded and released
-                        by a peer's failure, refusal or closing, and stalls explain themselves
-derived (written here)  every public method
-======================  ===================================================================
+=====================  ====================================================================
+**must**               ``rank``, ``world_size`` (properties); ``_isend(tensor, dst, tag)`` and
+                       ``_irecv(tensor, src, tag)``: start a transfer and return at once a
+                       *work*, whose ``wait(timeout)`` (a ``timedelta``) returns ``False`` or
+                       raises ``TimeoutError`` when the slice ran out, without failing the
+                       transfer (torch gloo's point-to-point works fail it: wrap them in
+                       ``communicator.control.waiting.PointToPoint``, waited whole in a
+                       helper thread), and ``is_completed()``. ``_isend`` never waits for
+                       the receiver (it may copy and return ``DONE``); the tensor it gets may
+                       be read until its work completes. Several works may be outstanding,
+                       waited in any order; messages from one rank to another with one tag
+                       are received in the order they were sent (tags are any ``int``s,
+                       negative and large ones included). An empty tensor is a message too.
+                       A failed transfer raises ``RuntimeError`` at start or in ``wait``
+                       (text about a closed connection: the peer is lost).
+**may** (fast paths)   ``_barrier``, ``_broadcast``, ``_all_reduce``, ``_reduce``,
+                       ``_all_gather`` (equal shapes), ``_reduce_scatter``,
+                       ``_create_groups``: defaults over the point-to-point
+                       (:mod:`communicator.derived`) that finish before they return;
+                       ``_object_channel``; ``backend``, ``device``, ``global_ranks`` and the
+                       topology; ``from_config``. An override gets contiguous tensors on
+                       ``self.device`` and never a complex product
+**hooks**              ``_control_store()``: a store shared by the ranks (torch's
+                       ``TCPStore``), asked once: failures, closings and stalls reach every
+                       rank. ``_teardown(error)``: release the transport, no communication
+                       after an error. The control plane's, rarely overridden:
+                       ``_launch_failed(error)`` (the ``CommError`` for a primitive that
+                       refused to start), ``_announce_bad_arguments``, ``_announce_failure``
+                       (tell peers; never raise), ``_timed_barrier(timeout)`` (raises
+                       ``CommTimeoutError`` naming late ranks), ``_patient_barrier(timeout)``
+``self.config``        the :class:`~communicator.config.CommConfig` passed to ``__init__``
+                       (timeout, serializer, debug, ``options`` for a subclass's own settings)
+derived (written here) every public method
+=====================  ====================================================================
 """
 
 from __future__ import annotations
@@ -24,6 +48,7 @@ from __future__ import annotations
 import abc
 import atexit
 import contextlib
+import functools
 import json
 import time
 import weakref
@@ -34,6 +59,7 @@ import numpy as np
 import torch
 from torch.distributed.distributed_c10d import PrefixStore
 
+import communicator.derived as derived
 import communicator.dicts as dicts
 import communicator.objects as protocol
 import communicator.shapes as shapes
@@ -63,7 +89,7 @@ from communicator.ranks import RankQueries
 from communicator.results import check_arguments, merge_parts
 from communicator.serialization import Codec, make_codec
 from communicator.splits import Splitting
-from communicator.tensors import editing, stage, write_back
+from communicator.tensors import editing, stage, while_editing, write_back
 
 __all__ = ["Communicator"]
 
@@ -115,6 +141,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         self._port: protocol.Port | None = None
         self._seeds_drawn = 0
         self._control: Control | None = None  # built on first use from _control_store()
+        self._contexts = 0  # calls of the default _create_groups: every rank numbers its groups alike
         Communicator._open.add(self)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -236,46 +263,49 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
     def __repr__(self) -> str:
         return f"<{type(self).__name__} rank={self.rank} world_size={self.world_size} backend={self.backend}>"
 
-    # -- primitives: what a communicator implements ---------------------------------------------
-
-    @abc.abstractmethod
-    def _barrier(self) -> Work:
-        """Start a barrier across every rank."""
-
-    @abc.abstractmethod
-    def _all_reduce(self, tensor: torch.Tensor, op: str) -> Work:
-        """Start reducing ``tensor`` in place with ``op`` (sum, product, min, max, band, bor, bxor).
-
-        ``tensor`` is contiguous, on ``self.device``; the mean is a sum divided afterwards.
-        """
-
-    @abc.abstractmethod
-    def _broadcast(self, tensor: torch.Tensor, src: int) -> Work:
-        """Start copying rank ``src``'s ``tensor`` into every rank's ``tensor``."""
-
-    @abc.abstractmethod
-    def _all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> Work:
-        """Start filling ``outputs[r]`` with rank ``r``'s ``tensor``; every rank's has the same shape."""
+    # -- primitives: what a communicator implements (see the module docstring's table) --------
 
     @abc.abstractmethod
     def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
-        """Start sending ``tensor`` to rank ``dst``; messages between two ranks with one tag keep their order."""
+        """Start sending ``tensor`` to rank ``dst`` and return at once, without waiting for the
+        receiver; messages between two ranks with one tag are received in the order they were sent."""
 
     @abc.abstractmethod
     def _irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
-        """Start receiving into ``tensor`` (its size is known) from rank ``src``."""
+        """Start receiving into ``tensor`` (its size is known) from rank ``src`` and return at once."""
 
-    @abc.abstractmethod
+    # -- defaults over the point-to-point (:mod:`communicator.derived`), fast paths to override --
+
+    def _barrier(self) -> Work:
+        """Start a barrier across every rank."""
+        return derived.barrier(self)
+
+    def _all_reduce(self, tensor: torch.Tensor, op: str) -> Work:
+        """Start reducing ``tensor`` in place with ``op`` (sum, product, min, max, band, bor, bxor).
+
+        ``tensor`` is contiguous, on ``self.device``; the mean is a sum divided afterwards, and a
+        complex product never comes here (the base computes it with the default, see ``_reduction``).
+        """
+        return derived.all_reduce(self, tensor, op)
+
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> Work:
+        """Start copying rank ``src``'s ``tensor`` into every rank's ``tensor``."""
+        return derived.broadcast(self, tensor, src)
+
+    def _all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> Work:
+        """Start filling ``outputs[r]`` with rank ``r``'s ``tensor``; every rank's has the same shape."""
+        return derived.all_gather(self, outputs, tensor)
+
     def _create_groups(self, groups: list[list[int]]) -> Communicator:
         """Create a communicator for each group (lists of this communicator's ranks, in the new
         ranks' order; every rank passes the same lists) and return this rank's; a rank in none of
-        them gets ``NonMemberComm.outside(self, groups)``."""
-
-    # -- optional fast paths and hooks ---------------------------------------------------------
+        them gets ``NonMemberComm.outside(self, groups)``. Default: groups over this
+        communicator's point-to-point, each on tags of its own."""
+        return derived.create_groups(self, groups)
 
     def _reduce(self, tensor: torch.Tensor, dst: int, op: str) -> Work:
-        """Start reducing into ``tensor`` on ``dst``; other ranks' ``tensor`` is scratch. Default: an all-reduce."""
-        return self._all_reduce(tensor, op)
+        """Start reducing into ``tensor`` on ``dst``; other ranks' ``tensor`` is scratch."""
+        return derived.reduce(self, tensor, dst, op)
 
     def _reduce_scatter(self, output: torch.Tensor, inputs: list[torch.Tensor], op: str) -> Work:
         """Reduce ``inputs[r]`` across ranks into rank ``r``'s ``output`` (equal shapes per index).
@@ -365,6 +395,8 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         control = self._plane()
         if control is not None:
             control.barrier(timeout)
+        elif type(self)._barrier is Communicator._barrier:  # the default waits step by step: bound each step
+            derived.barrier(self, timeout)
         else:
             self._await([self._barrier()], timeout)
 
@@ -395,7 +427,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         is a leaf that requires grad, and in inference mode when it is an inference tensor."""
         if tensor.requires_grad or tensor.is_inference():
             with editing(tensor):
-                return self._launch(start, tensor, *args)
+                return while_editing(self._launch(start, tensor, *args), tensor)  # a transport may write at wait
         return self._launch(start, tensor, *args)
 
     def _launch(self, start: Callable[..., Work], *args: Any) -> Work:
@@ -462,6 +494,10 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
             self._calls.launched = True
             self._timed_barrier(limit)
 
+    def _reducer(self, name: str, dtype: torch.dtype) -> Callable[[Tensor, str], Work]:
+        """``_all_reduce``, or the default over point-to-point for what a backend computes wrongly."""
+        return functools.partial(derived.all_reduce, self) if _over_p2p(name, dtype) else self._all_reduce
+
     def _reduction(self, tensor: Tensor, op: ReduceOpLike, dst: int | None, async_op: bool) -> Tensor | Handle[Tensor]:
         """``all_reduce`` (``dst=None``) and ``reduce``: one path, so both finish the same way."""
         tensor = check_output("tensor", tensor)
@@ -480,7 +516,9 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         wire_op = "sum" if name == "mean" else name
         everywhere = dst is None or exact
         if everywhere:
-            work = self._launch_into(staged, self._all_reduce, wire_op)
+            work = self._launch_into(staged, self._reducer(name, staged.dtype), wire_op)
+        elif _over_p2p(name, staged.dtype):
+            work = self._launch_into(staged, functools.partial(derived.reduce, self), dst, wire_op)
         else:
             work = self._launch_into(staged, self._reduce, dst, wire_op)
         world, receives, n = self.world_size, dst is None or self.rank == dst, tensor.nbytes
@@ -736,13 +774,15 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         total = sum(t.nbytes for t in inputs)
         self._calls.count(total - output.nbytes, output.nbytes, total)
         world = self.world_size
-        if name == "mean" and not is_floating(output.dtype):  # every rank sees every sum, so all decide alike
+        exact_mean = name == "mean" and not is_floating(output.dtype)  # every rank sees every sum: all decide alike
+        if exact_mean or _over_p2p(name, output.dtype):
             flat = torch.cat([t.reshape(-1) for t in inputs])
             start, keep = sum(t.numel() for t in inputs[: self.rank]), flat.clone()
-            work = self._launch(self._all_reduce, flat, "sum")
+            work = self._launch(self._reducer(name, flat.dtype), flat, "sum" if exact_mean else name)
 
             def exact() -> Tensor:
-                divide_exactly(flat, world, keep)
+                if exact_mean:
+                    divide_exactly(flat, world, keep)
                 return output.copy_(flat[start : start + output.numel()].reshape(output.shape))
 
             return self._complete([work], exact, async_op)
@@ -788,7 +828,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         """Start sending ``tensor`` to rank ``dst``; ``wait()`` the handle before reusing the tensor."""
         tensor = check_tensor("tensor", tensor)
         dst, tag = check_peer("dst", dst, self.rank, self.world_size), check_tag(tag)
-        work = self._launch(self._isend, self._stage(tensor), dst, tag)
+        work = self._launch(self._isend, self._stage(tensor).detach(), dst, tag)
         self._calls.count(tensor.nbytes, 0, tensor.nbytes)
         return Handle([work], lambda: None, self._wait)
 
@@ -967,6 +1007,12 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         dst = check_rank("dst", dst, self.world_size)
         parts = self.gather_object(list(results), dst=dst)
         return None if parts is None else merge_parts(parts, size, order)
+
+
+def _over_p2p(name: str, dtype: torch.dtype) -> bool:
+    """A complex product: backends multiply real and imaginary parts apart (a product of pairs,
+    not of complex numbers), so it runs over the point-to-point, where it is ``torch.mul``."""
+    return name == "product" and dtype.is_complex
 
 
 def _closed_error(what: str) -> CommError:

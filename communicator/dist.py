@@ -195,7 +195,13 @@ def is_distributed() -> bool:
         False
     """
     comm = query_comm(None)
-    return comm.is_distributed if comm is not None else True
+    return _initialised(comm) if comm is not None else True
+
+
+def _initialised(comm: Communicator) -> bool:
+    """mmengine's ``is_distributed``: a process group is there, a world of one included (unlike
+    ``comm.is_distributed``, which asks for more than one rank)."""
+    return comm.backend != "none"
 
 
 def get_default_group() -> torch_dist.ProcessGroup | None:
@@ -214,7 +220,7 @@ def get_backend(group: GroupLike = None) -> str | None:
     comm = query_comm(group)
     if comm is None:
         return str(torch_dist.get_backend(group))  # type: ignore[arg-type]
-    return comm.backend if comm.is_distributed else None
+    return comm.backend if _initialised(comm) else None
 
 
 def get_world_size(group: GroupLike = None) -> int:
@@ -311,7 +317,7 @@ def init_local_group(node_rank: int, num_gpus_per_node: int) -> None:
         if value < minimum:
             raise ValueError(f"{name} must be >= {minimum}, got {value}")
     comm = comm_for(None)
-    if not comm.is_distributed:
+    if not _initialised(comm):
         return
     if local_comm() is not None:
         raise CommError("init_local_group: the local process group was already created")

@@ -61,11 +61,6 @@ class NonDistComm(Communicator):
     def device(self) -> torch.device:
         return self._device
 
-    @property
-    @override
-    def is_distributed(self) -> bool:
-        return False
-
     # -- primitives: a world of one has nothing to exchange ------------------------------------
 
     @override

@@ -48,11 +48,11 @@ def is_floating(dtype: torch.dtype) -> bool:
 
 
 def check_op_dtype(name: str, dtype: torch.dtype) -> None:
-    """Refuse what has no meaning: bitwise ops on non-integers, order or products of complex numbers."""
+    """Refuse what has no meaning: bitwise ops on non-integers, the order of complex numbers."""
     if name in _BITWISE and is_floating(dtype):
         raise TypeError(f"op {name!r} needs an integer or bool tensor, got {dtype}")
-    if dtype.is_complex and name not in ("sum", "mean"):
-        raise TypeError(f"op {name!r} is not defined for complex tensors ({dtype}): only 'sum' and 'mean' are")
+    if dtype.is_complex and name in ("min", "max"):
+        raise TypeError(f"op {name!r} is not defined for complex tensors ({dtype}): they have no order")
 
 
 def divide_exactly(total: torch.Tensor, world: int, keep: torch.Tensor) -> None:

@@ -84,8 +84,9 @@ class RankQueries(abc.ABC):
 
     @property
     def is_distributed(self) -> bool:
-        """Whether the communicator spans processes (``False`` for a single process's)."""
-        return True
+        """Whether the communicator has more than one rank (``False`` for a world of one, a
+        ``TorchComm`` of one process included: its collectives are the identity too)."""
+        return self.world_size > 1
 
     @property
     def is_main_process(self) -> bool:

@@ -4,11 +4,15 @@ parameter, an inference tensor), and the write-back of the result into the user'
 from __future__ import annotations
 
 import contextlib
+from datetime import timedelta
 from typing import Any
 
 import torch
 
-__all__ = ["editing", "stage", "write_back"]
+from communicator.control.waiting import PointToPoint, Together
+from communicator.handles import Work
+
+__all__ = ["editing", "stage", "while_editing", "write_back"]
 
 
 def stage(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -43,3 +47,32 @@ def write_back(tensor: torch.Tensor, staged: torch.Tensor) -> None:
     if staged is not tensor:
         with editing(tensor, staged):
             tensor.copy_(staged.reshape(tensor.shape))
+
+
+class _Editing:
+    """A work whose completion writes into ``tensor``: completed in the tensor's editing mode, in
+    whichever thread waits (the mode is per thread; a transport may copy in at ``wait``)."""
+
+    __slots__ = ("tensor", "work")
+
+    def __init__(self, work: Any, tensor: torch.Tensor) -> None:
+        self.work, self.tensor = work, tensor
+
+    def wait(self, timeout: timedelta | None = None) -> Any:
+        with editing(self.tensor):
+            return self.work.wait() if timeout is None else self.work.wait(timeout)
+
+    def is_completed(self) -> bool:
+        return bool(self.work.is_completed())
+
+
+def while_editing(work: Work, tensor: torch.Tensor) -> Work:
+    """``work``, completed in ``tensor``'s editing mode when it needs one; the wrappers the control
+    plane recognises (point-to-point, several works as one) stay outermost."""
+    if not (tensor.requires_grad or tensor.is_inference()):
+        return work
+    if isinstance(work, PointToPoint):
+        return PointToPoint(_Editing(work.work, tensor), work.peer)
+    if isinstance(work, Together):
+        return Together([while_editing(part, tensor) for part in work.works])
+    return _Editing(work, tensor)

@@ -15,6 +15,9 @@ or as a pytest plugin (``pytest_plugins = ["communicator.pytest_plugin"]``): mar
 ``@pytest.mark.world_size(1, 2, 4)`` and take the ``world_size`` and ``run`` fixtures; a world of
 one runs in this process with a :class:`~communicator.nondist.NonDistComm`, so the same test
 checks both classes.
+
+``check_communicator(run, world_sizes)`` (see :mod:`communicator.conformance`) is the conformance
+suite every communicator passes: give it a function that runs a rank function on a world of yours.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from communicator.config import CommConfig, ConfigLike
+from communicator.conformance import check_communicator
 from communicator.nondist import NonDistComm
 from communicator.spawn import launch
 
-__all__ = ["DEFAULT_TIMEOUT", "run_ranks", "run_single"]
+__all__ = ["DEFAULT_TIMEOUT", "check_communicator", "run_ranks", "run_single"]
 
 #: Seconds a test's ranks may take before they are stopped and their stacks reported.
 DEFAULT_TIMEOUT = 60.0

@@ -375,13 +375,17 @@ def meaningless_reductions(comm: Communicator) -> float:
     z = torch.ones(2, dtype=torch.complex64)
     for call in (
         lambda: comm.all_reduce(z, op="max"),
-        lambda: comm.reduce(z, dst=0, op="product"),
+        lambda: comm.reduce(z, dst=0, op="min"),
         lambda: comm.reduce_scatter([z] * comm.world_size, op="min"),
     ):
         with pytest.raises(TypeError, match="not defined for complex"):
             call()
     comm.all_reduce(z)  # a complex sum is defined
     assert z.tolist() == [complex(comm.world_size)] * 2
+    w = torch.full((2,), 1 + 1j, dtype=torch.complex64)
+    comm.all_reduce(w, op="product")  # and a complex product: (1+i)**world, not a product of parts
+    got = comm.reduce_scatter([torch.full((1,), 1j, dtype=torch.complex128)] * comm.world_size, op="product")
+    assert w.tolist() == [(1 + 1j) ** comm.world_size] * 2 and got.tolist() == [1j**comm.world_size]
     t = torch.ones(1)
     comm.all_reduce(t)  # refused on every rank before communicating: the group is intact
     return t.item()

@@ -1,9 +1,10 @@
 """Ranks as threads of one process: a ``Communicator`` written from the primitives alone.
 
 ``ThreadComm`` passes tensors between threads through shared slots and queues, without
-``torch.distributed``. It implements the nine primitives; every public operation (uneven
-gathers, object collectives, ``all_reduce_dict``, ``collect_results``, subgroups, ...) is the
-base class's. ``run_threads`` runs a function on ``world`` thread-ranks, as ``launch`` runs one
+``torch.distributed``. It implements ``rank``, ``world_size``, ``_isend`` and ``_irecv``; every
+collective (over those, by the base class's defaults), every public operation (uneven gathers,
+object collectives, ``all_reduce_dict``, ``collect_results``, ...) and subgroups are the base
+class's. ``run_threads`` runs a function on ``world`` thread-ranks, as ``launch`` runs one
 on processes.
 
 Run it with ``python docs/examples/thread_comm.py``.
@@ -11,7 +12,6 @@ Run it with ``python docs/examples/thread_comm.py``.
 
 from __future__ import annotations
 
-import functools
 import queue
 import threading
 from collections import defaultdict
@@ -21,35 +21,16 @@ from typing import Any
 
 import torch
 
-from communicator import Communicator, NonMemberComm
+from communicator import CommConfig, Communicator
 from communicator.handles import DONE, Work
-
-_REDUCE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "sum": torch.add, "product": torch.mul, "min": torch.minimum, "max": torch.maximum,
-    "band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor,
-}  # fmt: skip
 
 
 class ThreadWorld:
-    """What the ranks of one group share: a barrier, a slot per rank, a queue per (src, dst, tag).
+    """What the ranks of one world share: a queue of messages per (src, dst, tag)."""
 
-    A rank that never arrives breaks the barrier after ``timeout`` seconds: the others raise
-    ``BrokenBarrierError`` instead of waiting forever.
-    """
-
-    def __init__(self, size: int, timeout: float = 60.0) -> None:
-        self.barrier = threading.Barrier(size, timeout=timeout)
-        self.slots: list[Any] = [None] * size
+    def __init__(self) -> None:
         self.queues: defaultdict[tuple[int, int, int], queue.SimpleQueue[torch.Tensor]] = defaultdict(queue.SimpleQueue)
         self.lock = threading.Lock()
-
-    def exchange(self, rank: int, value: Any) -> list[Any]:
-        """Every rank's ``value``, in rank order: a collective, every rank calls it."""
-        self.slots[rank] = value
-        self.barrier.wait()
-        values = list(self.slots)
-        self.barrier.wait()  # no rank writes its next value before every rank has read this one
-        return values
 
     def mailbox(self, src: int, dst: int, tag: int) -> queue.SimpleQueue[torch.Tensor]:
         with self.lock:
@@ -62,23 +43,27 @@ class Received:
 
     def __init__(self, box: queue.SimpleQueue[torch.Tensor], into: torch.Tensor) -> None:
         self.box, self.into = box, into
+        self.done = False
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        try:
-            self.into.copy_(self.box.get(timeout=None if timeout is None else timeout.total_seconds()))
-        except queue.Empty:
-            return False
+        if not self.done:
+            try:
+                self.into.copy_(self.box.get(timeout=None if timeout is None else timeout.total_seconds()))
+            except queue.Empty:
+                return False
+            self.done = True
         return True
 
     def is_completed(self) -> bool:
-        return not self.box.empty()
+        return self.done or not self.box.empty()
 
 
 class ThreadComm(Communicator):
-    """Rank ``rank`` of the thread-ranks that share ``world``."""
+    """Rank ``rank`` of the ``size`` thread-ranks that share ``world``: a send never waits (it
+    queues a copy), a receive completes when its message is queued."""
 
-    def __init__(self, world: ThreadWorld, rank: int, size: int) -> None:
-        super().__init__()
+    def __init__(self, world: ThreadWorld, rank: int, size: int, timeout: float = 60.0) -> None:
+        super().__init__(CommConfig(timeout=timeout))
         self._world, self._rank, self._size = world, rank, size
 
     @property
@@ -89,23 +74,6 @@ class ThreadComm(Communicator):
     def world_size(self) -> int:
         return self._size
 
-    def _barrier(self) -> Work:
-        self._world.barrier.wait()
-        return DONE
-
-    def _all_reduce(self, tensor: torch.Tensor, op: str) -> Work:
-        tensor.copy_(functools.reduce(_REDUCE[op], self._world.exchange(self._rank, tensor.clone())))
-        return DONE
-
-    def _broadcast(self, tensor: torch.Tensor, src: int) -> Work:
-        tensor.copy_(self._world.exchange(self._rank, tensor.clone())[src])
-        return DONE
-
-    def _all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> Work:
-        for output, value in zip(outputs, self._world.exchange(self._rank, tensor.clone()), strict=True):
-            output.copy_(value)
-        return DONE
-
     def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
         self._world.mailbox(self._rank, dst, tag).put(tensor.clone())
         return DONE
@@ -113,28 +81,20 @@ class ThreadComm(Communicator):
     def _irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
         return Received(self._world.mailbox(src, self._rank, tag), tensor)
 
-    def _create_groups(self, groups: list[list[int]]) -> Communicator:
-        worlds = self._world.exchange(self._rank, [ThreadWorld(len(group)) for group in groups])[0]  # rank 0's
-        for group, world in zip(groups, worlds, strict=True):
-            if self._rank in group:
-                return ThreadComm(world, group.index(self._rank), len(group))
-        return NonMemberComm.outside(self, groups)
 
-
-def run_threads(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
+def run_threads(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 60.0) -> list[Any]:
     """``fn(comm, *args)`` on ``world`` thread-ranks; every rank's result in rank order (a rank's
-    exception is raised here)."""
-    shared = ThreadWorld(world)
+    exception is raised here, once every rank ended: its peers' waits end at ``timeout``)."""
+    shared = ThreadWorld()
     results: list[Any] = [None] * world
     errors: list[BaseException] = []
 
     def rank_main(rank: int) -> None:
         try:
-            with ThreadComm(shared, rank, world) as comm:
+            with ThreadComm(shared, rank, world, timeout) as comm:
                 results[rank] = fn(comm, *args)
         except BaseException as error:  # noqa: BLE001 - raised in the caller's thread
             errors.append(error)
-            shared.barrier.abort()
 
     threads = [threading.Thread(target=rank_main, args=(rank,)) for rank in range(world)]
     for thread in threads:

@@ -1,0 +1,64 @@
+"""`ContextGroup`: the default subgroup, a communicator over its parent's point-to-point."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from typing_extensions import override
+
+from communicator.base import Communicator
+from communicator.derived import fold_tag
+from communicator.handles import Work
+
+__all__ = ["ContextGroup"]
+
+
+class ContextGroup(Communicator):
+    """Ranks ``members`` of ``parent`` (in this order). Every message is one of the parent's, on a
+    tag of the parent's that only this group uses (:func:`~communicator.derived.fold_tag` of its
+    ``context``), so it never mixes with the parent's, a sibling's or a user's messages. Its
+    collectives are the defaults over that point-to-point; with a control plane, its board is a
+    child of the parent's, so a failure anywhere in the parent's world releases its waits too."""
+
+    def __init__(self, parent: Communicator, members: Sequence[int], context: int, name: str) -> None:
+        super().__init__(parent.config)
+        self._parent, self._members, self._context = parent, list(members), context
+        self._rank = self._members.index(parent.rank)
+        self._global = tuple(parent.global_ranks[m] for m in members)
+        plane = parent._plane()
+        if plane is not None:
+            self._control = plane.child(self._global, name, self._rank, self._calls, self.config)
+
+    @property
+    @override
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    @override
+    def world_size(self) -> int:
+        return len(self._members)
+
+    @property
+    @override
+    def global_ranks(self) -> tuple[int, ...]:
+        return self._global
+
+    @property
+    @override
+    def backend(self) -> str:
+        return self._parent.backend
+
+    @property
+    @override
+    def device(self) -> torch.device:
+        return self._parent.device
+
+    @override
+    def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
+        return self._parent._isend(tensor, self._members[dst], fold_tag(self._context, tag))
+
+    @override
+    def _irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
+        return self._parent._irecv(tensor, self._members[src], fold_tag(self._context, tag))
