@@ -7,6 +7,7 @@ code that receives ``comm`` has no branches.
 
 from communicator.base import Communicator
 from communicator.config import CommConfig
+from communicator.context_group import ContextGroup
 from communicator.errors import (
     CollectiveMismatchError,
     CommError,
@@ -31,6 +32,7 @@ __all__ = [
     "CommTimeoutError",
     "Communicator",
     "ConfigError",
+    "ContextGroup",
     "Handle",
     "NonDistComm",
     "NonMemberComm",

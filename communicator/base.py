@@ -128,6 +128,8 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
     _open: ClassVar[weakref.WeakSet[Communicator]] = weakref.WeakSet()  # closed at exit if still open
     _exiting: ClassVar[bool] = False  # set while the interpreter closes what was left open
     _planes: ClassVar[int] = 0  # control planes built from _control_store() in this process
+    #: The default subgroups (set by :mod:`communicator.context_group`, a subclass this module cannot import).
+    context_groups: ClassVar[Callable[[Communicator, list[list[int]]], Communicator]]
 
     def __init__(self, config: CommConfig | None = None) -> None:
         self.config: CommConfig = config if config is not None else CommConfig()
@@ -300,8 +302,8 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         """Create a communicator for each group (lists of this communicator's ranks, in the new
         ranks' order; every rank passes the same lists) and return this rank's; a rank in none of
         them gets ``NonMemberComm.outside(self, groups)``. Default: groups over this
-        communicator's point-to-point, each on tags of its own."""
-        return derived.create_groups(self, groups)
+        communicator's point-to-point, each on tags of its own (:mod:`communicator.context_group`)."""
+        return Communicator.context_groups(self, groups)
 
     def _reduce(self, tensor: torch.Tensor, dst: int, op: str) -> Work:
         """Start reducing into ``tensor`` on ``dst``; other ranks' ``tensor`` is scratch."""

@@ -8,10 +8,11 @@ import torch
 from typing_extensions import override
 
 from communicator.base import Communicator
-from communicator.derived import fold_tag
+from communicator.derived import fold_tag, pair
 from communicator.handles import Work
+from communicator.nonmember import NonMemberComm
 
-__all__ = ["ContextGroup"]
+__all__ = ["ContextGroup", "create_groups"]
 
 
 class ContextGroup(Communicator):
@@ -62,3 +63,23 @@ class ContextGroup(Communicator):
     @override
     def _irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
         return self._parent._irecv(tensor, self._members[src], fold_tag(self._context, tag))
+
+
+def create_groups(comm: Communicator, groups: list[list[int]]) -> Communicator:
+    """This rank's :class:`ContextGroup` of ``groups`` (a ``NonMemberComm`` when it is in none):
+    the base class's default ``_create_groups``. Every rank numbers the groups alike: its parent
+    counts the calls, which every rank makes in one order."""
+    comm._contexts += 1
+    plane = comm._plane()
+    mine: Communicator | None = None
+    for index, members in enumerate(groups):
+        context = pair(comm._contexts, index)  # distinct for every (call, group)
+        name = f"group{comm._contexts}.{index}/"
+        if comm.rank in members:
+            mine = ContextGroup(comm, members, context, name)
+        elif plane is not None:
+            plane.board.not_a_member(name)
+    return mine if mine is not None else NonMemberComm.outside(comm, groups)
+
+
+Communicator.context_groups = create_groups  # the default the base class cannot import (it is a subclass)

@@ -26,8 +26,8 @@ parent's that no user's tag, no sibling's and no parent's own can take: negative
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 
@@ -35,10 +35,24 @@ from communicator.arguments import COLLECTIVE_TAG
 from communicator.handles import DONE, Work
 from communicator.tensors import while_editing
 
-if TYPE_CHECKING:
-    from communicator.base import Communicator
 
-__all__ = ["all_gather", "all_reduce", "barrier", "broadcast", "combine", "create_groups", "fold_tag", "reduce"]
+class Peers(Protocol):
+    """What the defaults use of a communicator: its rank, size, point-to-point and waits."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work: ...
+
+    def _irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work: ...
+
+    def _await(self, works: Sequence[Work], timeout: float | None = None) -> None: ...
+
+
+__all__ = ["all_gather", "all_reduce", "barrier", "broadcast", "combine", "fold_tag", "pair", "reduce"]
 
 _SIGN = -(2**63)  # uint64 compares as int64 once its top bit is flipped
 _WIDEN = {torch.uint16: torch.int64, torch.uint32: torch.int64}  # torch adds and compares no such tensor
@@ -72,15 +86,15 @@ def _scratch(like: torch.Tensor) -> torch.Tensor:
         return torch.empty(like.shape, dtype=like.dtype, device=like.device)
 
 
-def _send(comm: Communicator, tensor: torch.Tensor, dst: int) -> Work:
+def _send(comm: Peers, tensor: torch.Tensor, dst: int) -> Work:
     return comm._isend(tensor.detach(), dst, COLLECTIVE_TAG)
 
 
-def _recv(comm: Communicator, tensor: torch.Tensor, src: int) -> Work:
+def _recv(comm: Peers, tensor: torch.Tensor, src: int) -> Work:
     return while_editing(comm._irecv(tensor, src, COLLECTIVE_TAG), tensor)
 
 
-def barrier(comm: Communicator, timeout: float | None = None) -> Work:
+def barrier(comm: Peers, timeout: float | None = None) -> Work:
     """Dissemination: in round ``k`` each rank signals the rank ``2**k`` ahead and hears from the one
     ``2**k`` behind; after the last round every rank has heard, indirectly, from every other. Each
     round may wait ``timeout`` seconds (``None``: the communicator's timeout)."""
@@ -95,7 +109,7 @@ def barrier(comm: Communicator, timeout: float | None = None) -> Work:
     return DONE
 
 
-def broadcast(comm: Communicator, tensor: torch.Tensor, src: int) -> Work:
+def broadcast(comm: Peers, tensor: torch.Tensor, src: int) -> Work:
     """Binomial tree rooted at ``src``: a rank receives once from its parent, then sends to its
     children, largest subtree first."""
     world = comm.world_size
@@ -116,7 +130,7 @@ def broadcast(comm: Communicator, tensor: torch.Tensor, src: int) -> Work:
     return DONE
 
 
-def reduce(comm: Communicator, tensor: torch.Tensor, dst: int, op: str) -> Work:
+def reduce(comm: Peers, tensor: torch.Tensor, dst: int, op: str) -> Work:
     """Binomial tree rooted at ``dst``: a rank combines what its children send (the lower rank's
     value on the left), then sends the result to its parent. Other ranks' ``tensor`` is scratch."""
     world = comm.world_size
@@ -134,13 +148,13 @@ def reduce(comm: Communicator, tensor: torch.Tensor, dst: int, op: str) -> Work:
     return DONE
 
 
-def all_reduce(comm: Communicator, tensor: torch.Tensor, op: str) -> Work:
+def all_reduce(comm: Peers, tensor: torch.Tensor, op: str) -> Work:
     """A reduce to rank 0 and a broadcast from it: every rank holds bitwise the same result."""
     reduce(comm, tensor, 0, op)
     return broadcast(comm, tensor, 0)
 
 
-def all_gather(comm: Communicator, outputs: list[torch.Tensor], tensor: torch.Tensor) -> Work:
+def all_gather(comm: Peers, outputs: list[torch.Tensor], tensor: torch.Tensor) -> Work:
     """Ring: in step ``s`` each rank passes on the block it got in step ``s - 1`` (its own first)."""
     rank, world = comm.rank, comm.world_size
     outputs[rank].copy_(tensor)
@@ -151,27 +165,7 @@ def all_gather(comm: Communicator, outputs: list[torch.Tensor], tensor: torch.Te
     return DONE
 
 
-def create_groups(comm: Communicator, groups: list[list[int]]) -> Communicator:
-    """This rank's :class:`~communicator.context_group.ContextGroup` of ``groups`` (a
-    ``NonMemberComm`` when it is in none). Every rank numbers the groups alike: its parent counts
-    the calls, which every rank makes in one order."""
-    from communicator.context_group import ContextGroup
-    from communicator.nonmember import NonMemberComm
-
-    comm._contexts += 1
-    plane = comm._plane()
-    mine: Communicator | None = None
-    for index, members in enumerate(groups):
-        context = _pair(comm._contexts, index)  # distinct for every (call, group)
-        name = f"group{comm._contexts}.{index}/"
-        if comm.rank in members:
-            mine = ContextGroup(comm, members, context, name)
-        elif plane is not None:
-            plane.board.not_a_member(name)
-    return mine if mine is not None else NonMemberComm.outside(comm, groups)
-
-
-def _pair(a: int, b: int) -> int:
+def pair(a: int, b: int) -> int:
     """Cantor's pairing: a different natural number for every pair of naturals."""
     return (a + b) * (a + b + 1) // 2 + b
 
@@ -180,4 +174,4 @@ def fold_tag(context: int, tag: int) -> int:
     """The parent's (negative) tag of a subgroup's ``tag``; subgroups of subgroups fold again, so a
     tag may itself be negative."""
     natural = 2 * tag if tag >= 0 else -2 * tag - 1
-    return -1 - _pair(context, natural)
+    return -1 - pair(context, natural)

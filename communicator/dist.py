@@ -41,6 +41,7 @@ from communicator.compat.backing import (
 from communicator.compat.buckets import all_reduce_coalesced, make_buckets
 from communicator.compat.devices import cast_data_device, get_data_device
 from communicator.compat.filed_results import collect_through_directory
+from communicator.compat.switch import use_for_mmengine
 from communicator.errors import CommError, ConfigError
 from communicator.launchers import LAUNCHERS, launcher_names
 from communicator.launchers.mpi import MPIEnv
@@ -81,6 +82,7 @@ __all__ = [
     "is_main_process",
     "master_only",
     "sync_random_seed",
+    "use_for_mmengine",
 ]
 
 P = ParamSpec("P")

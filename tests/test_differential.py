@@ -63,7 +63,7 @@ def _inference(t: torch.Tensor) -> torch.Tensor:
 
 def _reference(op: str, parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor | str:
     """The reduction of ``parts``, computed exactly; a string names the error every rank must raise."""
-    if (dtype.is_complex and op not in ("sum", "mean")) or (
+    if (dtype.is_complex and op not in ("sum", "mean", "product")) or (
         op in _BITWISE and (dtype.is_floating_point or dtype.is_complex)
     ):
         return "TypeError"

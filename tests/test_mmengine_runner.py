@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,7 @@ pytest.importorskip("mmengine")
 def train_with_synced_buffers(comm: Communicator, work_dir: str) -> dict[str, Any]:
     import communicator.dist
 
-    for name in ("mmengine.dist", "mmengine.dist.dist", "mmengine.dist.utils"):
-        sys.modules[name] = communicator.dist  # every mmengine module of this rank calls communicator.dist
+    communicator.dist.use_for_mmengine()  # every mmengine module of this rank calls communicator.dist
     import torch
     from mmengine.model import BaseModel
     from mmengine.runner import Runner
@@ -37,6 +37,20 @@ def train_with_synced_buffers(comm: Communicator, work_dir: str) -> dict[str, An
     def collate(batch: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
         return {"inputs": torch.stack([b[0] for b in batch]), "labels": torch.stack([b[1] for b in batch])}
 
+    from mmengine.evaluator import BaseMetric, Evaluator
+
+    class Accuracy(BaseMetric):  # type: ignore[misc]
+        """Its results are collected across ranks by mmengine's own ``collect_results``."""
+
+        def process(self, data_batch: Any, data_samples: Any) -> None:
+            labels = data_batch["labels"]
+            self.results.extend(
+                (outputs.argmax() == label).item() for outputs, label in zip(data_samples, labels, strict=True)
+            )
+
+        def compute_metrics(self, results: list[bool]) -> dict[str, float]:
+            return {"accuracy": sum(results) / len(results), "count": float(len(results))}
+
     generator = torch.Generator().manual_seed(comm.rank)  # each rank sees other data: other statistics
     data = TensorDataset(torch.randn(32, 4, generator=generator), torch.randint(0, 2, (32,), generator=generator))
     runner = Runner(
@@ -45,6 +59,9 @@ def train_with_synced_buffers(comm: Communicator, work_dir: str) -> dict[str, An
         train_dataloader=DataLoader(data, batch_size=8, collate_fn=collate),
         optim_wrapper={"optimizer": {"type": "SGD", "lr": 0.1}},
         train_cfg={"by_epoch": True, "max_epochs": 2},
+        val_dataloader=DataLoader(data, batch_size=8, collate_fn=collate),
+        val_cfg={},
+        val_evaluator=Evaluator([Accuracy()]),
         custom_hooks=[{"type": "SyncBuffersHook"}],
         default_hooks={"checkpoint": None},
         launcher="pytorch",
@@ -52,8 +69,13 @@ def train_with_synced_buffers(comm: Communicator, work_dir: str) -> dict[str, An
         cfg={"model_wrapper_cfg": {"type": "MMDistributedDataParallel", "device_ids": None}},  # CPU DDP
     )
     runner.train()
+    metrics = runner.val()
+    import mmengine.evaluator.metric
+
     norm = runner.model.module.norm
     return {
+        "metrics": metrics,
+        "ours": mmengine.evaluator.metric.collect_results is communicator.dist.collect_results,
         "mean": norm.running_mean.tolist(),
         "var": norm.running_var.tolist(),
         "batches": (norm.num_batches_tracked.dtype, int(norm.num_batches_tracked)),
@@ -66,5 +88,27 @@ def test_runner_with_sync_buffers_hook_trains_through_communicator_dist(tmp_path
     # After each epoch the hook averages every buffer, the int64 batch counter included.
     assert ranks[0]["batches"] == ranks[1]["batches"] == (ranks[0]["batches"][0], 8)
     assert str(ranks[0]["batches"][0]) == "torch.int64"
+    # The evaluator's results went through communicator.dist.collect_results (each rank evaluated its 32
+    # samples; mmengine keeps the dataset's length of the collected results) and reached every rank alike.
+    assert all(rank["ours"] for rank in ranks)
+    assert ranks[0]["metrics"]["count"] == 32.0 and ranks[0]["metrics"] == ranks[1]["metrics"]
     for key in ("mean", "var"):
         assert ranks[0][key] == pytest.approx(ranks[1][key], rel=1e-6, abs=1e-7)
+
+
+ALREADY_IMPORTED = """
+import mmengine.dist, mmengine.evaluator.metric, mmengine.hooks.sync_buffer_hook as hook
+import communicator.dist
+communicator.dist.use_for_mmengine()
+import mmengine.dist as again
+assert again is communicator.dist
+assert mmengine.evaluator.metric.collect_results is communicator.dist.collect_results
+assert hook.all_reduce_params is communicator.dist.all_reduce_params
+print("rebound")
+"""
+
+
+def test_the_switch_rebinds_mmengine_modules_imported_before_it() -> None:
+    # In a child process: the switch changes sys.modules for the rest of the process.
+    done = subprocess.run([sys.executable, "-c", ALREADY_IMPORTED], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "rebound" in done.stdout, done.stderr

@@ -3,16 +3,19 @@
 On every rank, for each operation, blocks of ``CALLS`` calls alternate between this library and
 torch (which one goes first alternates with the round), after a warm-up; a block's time per
 call is the slowest rank's (the ranks' times are reduced after the clock stops), and a row reports
-the median over the rounds and the ratio ours/torch, judged against the target. Two more rows
-price the observation machinery: the same one-element ``all_reduce`` on a communicator that
-gathers statistics (``stats=True``) against one that does not, and what recording one call costs (the event, the flight
-recorder, the checks for hooks, statistics and the profiler), timed in-process without
-communication.
+the medians over the rounds and the median of the rounds' ratios ours/torch with its confidence
+interval (:mod:`.spread`), judged against the target. While the interval straddles the target,
+more rounds run, up to a cap: every rank holds the same reduced times, so every rank decides the
+same. Two more rows price the observation machinery: the same one-element ``all_reduce`` on a
+communicator that gathers statistics (``stats=True``) against one that does not, and what
+recording one call costs (the event, the flight recorder, the checks for hooks, statistics and
+the profiler), timed in-process without communication.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 import timeit
@@ -23,31 +26,51 @@ import torch
 import torch.distributed as dist
 
 from communicator.base import Communicator
+from communicator.bench.spread import CONFIDENCE, MIN_ROUNDS, WITHIN_NOISE, Progress, Spread, judge, spread_of
 from communicator.guard import CallState
 from communicator.spawn import launch
 
-__all__ = ["OverheadRow", "format_overhead", "run_overhead"]
+__all__ = ["RECORDING_TARGET_US", "OverheadRow", "Recording", "format_overhead", "run_overhead"]
 
 CALLS = 20  # calls per timed block: short blocks, alternating often, share the machine's noise
 WARMUP = 50
-RECORDING_CALLS = 100_000
+RECORDING_CALLS = 20_000  # per timed run: short runs, so that the noise shows as spread between them
+RECORDING_RUNS = 7
+RECORDING_TARGET_US = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
 class OverheadRow:
-    """One comparison: medians in microseconds per call; ``ratio``, the median over the rounds of
-    ours over theirs in the same round (adjacent blocks share the machine's state); the target."""
+    """One comparison: medians in microseconds per call; ``spread``, the median over the rounds of
+    ours over theirs in the same round (adjacent blocks share the machine's state) and its interval;
+    the target."""
 
     name: str
     baseline: str
     baseline_us: float
     ours_us: float
-    ratio: float
+    spread: Spread
     target: float | None
 
     @property
-    def met(self) -> bool | None:
-        return None if self.target is None else self.ratio <= self.target
+    def ratio(self) -> float:
+        return self.spread.median
+
+    @property
+    def verdict(self) -> str | None:
+        """``met``, ``missed``, ``within noise``, or ``None`` without a target."""
+        return None if self.target is None else judge(self.spread, at_most=self.target)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recording:
+    """Microseconds to record one call, over timed runs; the target is below ``RECORDING_TARGET_US``."""
+
+    spread: Spread
+
+    @property
+    def verdict(self) -> str:
+        return judge(self.spread, at_most=RECORDING_TARGET_US)
 
 
 def _block(fn: Callable[[], Any]) -> float:
@@ -60,33 +83,62 @@ def _block(fn: Callable[[], Any]) -> float:
     return float(mine.item()) * 1e6
 
 
-def _compare(rounds: int, theirs: Callable[[], Any], ours: Callable[[], Any]) -> tuple[float, float, float]:
-    """(their median, our median, the median of the rounds' ratios), in microseconds per call."""
+def _more(planned: int, rounds: int, cap: int) -> int:
+    """The next number of rounds: half as many again (at least enough for an interval), up to the cap."""
+    return min(cap, planned + max(rounds // 2, MIN_ROUNDS))
+
+
+def _compare(
+    rounds: int,
+    cap: int,
+    theirs: Callable[[], Any],
+    ours: Callable[[], Any],
+    target: float | None,
+    progress: Progress,
+) -> tuple[float, float, Spread]:
+    """(their median, our median, the rounds' ratios), in microseconds per call."""
     for fn in (theirs, ours):
         for _ in range(WARMUP):
             fn()
     times: tuple[list[float], list[float]] = ([], [])
-    for round_ in range(rounds):
-        order = ((0, theirs), (1, ours)) if round_ % 2 == 0 else ((1, ours), (0, theirs))
-        for index, fn in order:
-            times[index].append(_block(fn))
-    ratios = [mine / base for base, mine in zip(*times, strict=True)]
-    return statistics.median(times[0]), statistics.median(times[1]), statistics.median(ratios)
+    planned = rounds
+    while True:
+        for round_ in range(len(times[0]), planned):
+            order = ((0, theirs), (1, ours)) if round_ % 2 == 0 else ((1, ours), (0, theirs))
+            for index, fn in order:
+                times[index].append(_block(fn))
+            progress.say(f"round {round_ + 1} of {planned}", force=round_ + 1 == planned)
+        spread = spread_of([mine / base for base, mine in zip(*times, strict=True)])
+        if target is None or planned >= cap or judge(spread, at_most=target) != WITHIN_NOISE:
+            return statistics.median(times[0]), statistics.median(times[1]), spread
+        planned = _more(planned, rounds, cap)
+        progress.say(f"{spread.text()} straddles {target:.2f}: up to {planned} rounds", force=True)
 
 
-def _recording_us(comm: Communicator) -> float:
-    """Microseconds to record one call with nothing observing (best of five runs)."""
+def _recording(comm: Communicator, cap: int, progress: Progress) -> Spread:
+    """Microseconds to record one call with nothing observing, per timed run."""
     calls = CallState(comm.config.trace_events)
     spec, args = Communicator._specs["all_reduce"], (torch.ones(1),)
     # As the guard does; compiled by timeit outside this package, so the call's site is found at
     # once, as it is for a call from user code.
     timer = timeit.Timer("calls.end(calls.start(spec, comm, args, {}), None)", globals=locals())
-    return min(timer.repeat(number=RECORDING_CALLS, repeat=5)) / RECORDING_CALLS * 1e6
+    runs: list[float] = []
+    planned = RECORDING_RUNS
+    while True:
+        runs += [t / RECORDING_CALLS * 1e6 for t in timer.repeat(number=RECORDING_CALLS, repeat=planned - len(runs))]
+        spread = spread_of(runs)
+        if planned >= cap or judge(spread, at_most=RECORDING_TARGET_US) != WITHIN_NOISE:
+            return spread
+        planned = _more(planned, RECORDING_RUNS, cap)
+        progress.say(f"recording one call: {spread.text(' us')} straddles 1 us: up to {planned} runs", force=True)
 
 
-def _overhead_rank(comm: Communicator, rounds: int) -> tuple[list[OverheadRow], float]:
+def _overhead_rank(comm: Communicator, rounds: int, cap: int) -> tuple[list[OverheadRow], Recording]:
     one = torch.ones(1)
     outputs = [torch.empty(1) for _ in range(comm.world_size)]
+
+    def progress(name: str) -> Progress:
+        return Progress(f"overhead, world size {comm.world_size}: {name}: ", enabled=comm.rank == 0)
 
     pairs: list[tuple[str, str, Callable[[], Any], Callable[[], Any], float | None]] = [
         ("all_reduce, 1 element", "torch", lambda: dist.all_reduce(one), lambda: comm.all_reduce(one), 1.10),
@@ -108,54 +160,69 @@ def _overhead_rank(comm: Communicator, rounds: int) -> tuple[list[OverheadRow], 
         ),
     ]
     rows = [
-        OverheadRow(name, baseline, *_compare(rounds, theirs, ours), target)
+        OverheadRow(name, baseline, *_compare(rounds, cap, theirs, ours, target, progress(name)), target)
         for name, baseline, theirs, ours, target in pairs
     ]
     # Last, since a communicator gathering statistics makes every call in the process look for observers.
     with Communicator.create({"backend": "gloo", "stats": True}) as counted:  # the same group, adopted
-        compared = _compare(rounds, lambda: comm.all_reduce(one), lambda: counted.all_reduce(one))
-        rows.append(OverheadRow("all_reduce, 1 element, statistics on", "ours, off", *compared, 1.05))
-    recording = _recording_us(comm) if comm.rank == 0 else 0.0  # the other ranks wait, off the cores
+        name = "all_reduce, 1 element, statistics on"
+        compared = _compare(
+            rounds, cap, lambda: comm.all_reduce(one), lambda: counted.all_reduce(one), 1.05, progress(name)
+        )
+        rows.append(OverheadRow(name, "ours, off", *compared, 1.05))
+    recording = None
+    if comm.rank == 0:  # the other ranks wait, off the cores
+        recording = _recording(comm, max(RECORDING_RUNS, cap * RECORDING_RUNS // rounds), progress("recording"))
     comm.barrier()
-    return rows, recording
+    return rows, Recording(recording or spread_of([0.0]))
 
 
-def run_overhead(world_size: int, rounds: int, timeout: float) -> tuple[list[OverheadRow], float]:
-    """The rows (the slowest rank's medians) and the recording cost measured on rank 0."""
-    results = launch(_overhead_rank, world_size, {"backend": "gloo"}, (rounds,), timeout=timeout)
+def run_overhead(world_size: int, rounds: int, cap: int, timeout: float) -> tuple[list[OverheadRow], Recording]:
+    """The rows (the slowest rank's medians; up to ``cap`` rounds where a ratio straddles its
+    target) and the recording cost measured on rank 0."""
+    results = launch(_overhead_rank, world_size, {"backend": "gloo"}, (rounds, max(cap, rounds)), timeout=timeout)
     rows, recording = results[0]
     return rows, recording
 
 
-def format_overhead(
-    rows: Sequence[OverheadRow], recording_us: float, world_size: int, rounds: int, judged: bool = True
-) -> str:
-    """The table; ``judged=False`` (a smoke test's few rounds) leaves the targets unjudged."""
-    header = ("operation", "against", "theirs us", "ours us", "ours/theirs", "target", "")
+def _load() -> str:
+    try:
+        return f", load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    except OSError:  # not every platform has one
+        return ""
+
+
+def format_overhead(rows: Sequence[OverheadRow], recording: Recording, world_size: int) -> str:
+    """The table: each ratio with its interval, and a verdict only where the interval allows one."""
+    header = ("operation", "against", "theirs us", "ours us", "ours/theirs [interval]", "rounds", "target", "verdict")
     lines = [header]
     for row in rows:
-        target = "-" if row.target is None else f"<= {row.target:.2f}"
-        verdict = "" if row.met is None or not judged else ("met" if row.met else "MISSED")
         lines.append(
             (
                 row.name,
                 row.baseline,
                 f"{row.baseline_us:.1f}",
                 f"{row.ours_us:.1f}",
-                f"{row.ratio:.3f}",
-                target,
-                verdict,
+                row.spread.text(digits=3),
+                str(row.spread.rounds),
+                "-" if row.target is None else f"<= {row.target:.2f}",
+                row.verdict or "",
             )
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     table = "\n".join(
-        "  ".join(cell.ljust(widths[i]) if i < 2 else cell.rjust(widths[i]) for i, cell in enumerate(line)).rstrip()
+        "  ".join(
+            cell.ljust(widths[i]) if i < 2 or i == len(header) - 1 else cell.rjust(widths[i])
+            for i, cell in enumerate(line)
+        ).rstrip()
         for line in lines
     )
-    verdict = ("met" if recording_us < 1.0 else "MISSED") if judged else "not judged"
+    spread = recording.spread
     return (
-        f"overhead: world size {world_size}, median of {rounds} rounds of {CALLS} calls, slowest rank per round\n"
+        f"overhead: world size {world_size}, rounds of {CALLS} calls, slowest rank per round{_load()}\n"
         f"{table}\n"
-        f"recording one call (no hooks, statistics off): {recording_us:.2f} us, target < 1 us: {verdict}"
-        + ("" if judged else "\ntargets: not judged in a --quick run (a few rounds are noise)")
+        f"recording one call (no hooks, statistics off), median of {spread.rounds} runs of {RECORDING_CALLS}:"
+        f" {spread.text(' us')}, target < {RECORDING_TARGET_US:g} us: {recording.verdict}\n"
+        f"[interval]: {CONFIDENCE * 100:.0f} % confidence interval of the median; a verdict only where it lies"
+        " on one side of the target, else 'within noise'"
     )

@@ -81,6 +81,7 @@ def to_json(plan: Plan, runs: Sequence[CaseRun], quick: bool) -> dict[str, Any]:
     return {
         "world_size": plan.world_size,
         "repeat": plan.repeat,
+        "max_repeat": plan.max_repeat,
         "quick": quick,
         "environment": _environment(),
         "all_correct": all_correct(runs),
@@ -89,6 +90,15 @@ def to_json(plan: Plan, runs: Sequence[CaseRun], quick: bool) -> dict[str, Any]:
         "targets": []
         if quick
         else [
-            {"case": o.target.case, "target": o.target.label, "ratio": o.ratio, "met": o.met} for o in evaluate(runs)
+            {
+                "case": o.target.case,
+                "target": o.target.label,
+                "ratio": o.ratio,  # the median of the rounds' ratios
+                "interval": None if o.spread is None else [o.spread.low, o.spread.high],
+                "confidence": None if o.spread is None else o.spread.confidence,
+                "rounds": None if o.spread is None else o.spread.rounds,
+                "verdict": o.verdict,
+            }
+            for o in evaluate(runs)
         ],
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import pickle
 import shutil
@@ -18,6 +19,8 @@ from communicator.bench.cases import CASES, Case
 from communicator.bench.measured import CaseRun
 from communicator.bench.ops import Context, Op, build_ops, load_mmengine
 from communicator.bench.payloads import Sizes
+from communicator.bench.spread import Progress
+from communicator.bench.targets import straddling
 from communicator.bench.timing import time_case
 from communicator.spawn import launch
 
@@ -34,6 +37,7 @@ class Plan:
     sizes: Sizes
     min_sample_seconds: float  # shorter calls are repeated within a sample
     stats: bool = False  # this library's communicator gathers statistics (``comm.stats()``)
+    max_repeat: int = 0  # the calls of targets within noise run up to this many rounds (0: no more)
 
 
 def _progress(message: str) -> None:
@@ -57,8 +61,19 @@ def _run_case(context: Context, ops: dict[str, Op], case: Case, plan: Plan) -> C
     _progress(
         f"{case.name}: {case.describe}, {max(lengths) / 2**20:.2f} MiB per rank at most; "
         f"{calls} calls, checked once, then {plan.repeat} timed rounds"
+        + (f" (up to {plan.max_repeat} where a target is within noise)" if plan.max_repeat > plan.repeat else "")
     )
-    timings = time_case(context, selected, inputs, plan.repeat, plan.min_sample_seconds)
+    progress = Progress(f"{case.name}, world size {dist.get_world_size()}: ", enabled=dist.get_rank() == 0)
+    timings = time_case(
+        context,
+        selected,
+        inputs,
+        plan.repeat,
+        plan.min_sample_seconds,
+        more=functools.partial(straddling, case.name) if plan.max_repeat > plan.repeat else None,
+        max_repeat=plan.max_repeat,
+        progress=functools.partial(progress.say, force=True),  # a round of a case takes seconds: say each
+    )
     return CaseRun(case.name, case.describe, lengths, timings)
 
 

@@ -82,9 +82,14 @@ def format_errors(runs: Sequence[CaseRun]) -> str:
     )
 
 
+def _measured(outcome: Outcome) -> str:
+    spread = outcome.spread
+    return "n/a" if spread is None else f"{spread.text()} ({spread.rounds} rounds)"
+
+
 def format_targets(outcomes: Sequence[Outcome]) -> str:
+    """One line per target: the verdict, the target, the median of the rounds' ratios [its interval]."""
+    width = max((len(outcome.verdict) for outcome in outcomes), default=0)
     return "\n".join(
-        f"{'met   ' if outcome.met else 'MISSED'}  {outcome.target.label}: "
-        f"{'n/a' if outcome.ratio is None else f'{outcome.ratio:.2f}'}"
-        for outcome in outcomes
+        f"{outcome.verdict:<{width}}  {outcome.target.label}: {_measured(outcome)}" for outcome in outcomes
     )

@@ -1,24 +1,31 @@
-"""The speed this library aims for against its peers, and whether a run meets it."""
+"""The speed this library aims for against its peers, and whether a run meets it.
+
+A target's ratio is the median of its per-round ratios (a round runs every call of a case once,
+interleaved, so both sides of a round share the machine's state), with the confidence interval
+of :mod:`.spread`; the verdict is ``met``, ``missed`` or ``within noise``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from communicator.bench.cases import LIST_OPS, OBJECT_OPS
 from communicator.bench.measured import CaseRun
 from communicator.bench.ops import FLOOR, MMENGINE, MMENGINE_GPU, OURS, OURS_SAFE, TORCH
+from communicator.bench.spread import WITHIN_NOISE, Spread, judge, spread_of
 from communicator.bench.timing import Call
 
-__all__ = ["RAW", "TARGETS", "Outcome", "Target", "evaluate"]
+__all__ = ["RAW", "TARGETS", "Outcome", "Target", "evaluate", "straddling", "target_spread"]
 
 RAW = ("raw_all_gather", TORCH)
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """``slower / faster`` (medians, summed over several ops) must reach ``at_least``, or stay under
-    ``at_most``; ``faster`` is measured in ``faster_case`` when one is named (else in ``case``)."""
+    """``slower / faster`` (each round's times, summed over several ops) must reach ``at_least``, or
+    stay under ``at_most``; ``faster`` is measured in ``faster_case`` when one is named (else in
+    ``case``: then the two sides ran in the same rounds)."""
 
     case: str
     what: str
@@ -33,19 +40,23 @@ class Target:
         bound = f">= {self.at_least:g}" if self.at_least is not None else f"<= {self.at_most:g}"
         return f"{self.case} {self.what} {bound}"
 
+    def judge(self, spread: Spread) -> str:
+        return judge(spread, at_most=self.at_most, at_least=self.at_least)
+
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     target: Target
-    ratio: float | None  # None when a side did not run
+    spread: Spread | None  # None when a side did not run
 
     @property
-    def met(self) -> bool:
-        if self.ratio is None:
-            return False
-        if self.target.at_least is not None:
-            return self.ratio >= self.target.at_least
-        return self.target.at_most is not None and self.ratio <= self.target.at_most
+    def ratio(self) -> float | None:
+        return None if self.spread is None else self.spread.median
+
+    @property
+    def verdict(self) -> str:
+        """``met``, ``missed``, ``within noise``, or ``n/a`` when a side did not run."""
+        return "n/a" if self.spread is None else self.target.judge(self.spread)
 
 
 def _faster_than(case: str, op: str, peer: str, factor: float) -> Target:
@@ -100,20 +111,46 @@ TARGETS: tuple[Target, ...] = (
 )
 
 
-def _total_median(run: CaseRun, calls: tuple[Call, ...]) -> float | None:
-    medians = [run.median_ms(call) for call in calls]
-    return None if None in medians else sum(m for m in medians if m is not None)
+Seconds = Mapping[Call, Sequence[float]]  # per call, the slowest rank's time of each round
+
+
+def _totals(seconds: Seconds, calls: tuple[Call, ...]) -> list[float] | None:
+    """Each round's total over ``calls``, over the rounds every call ran; None if one never ran."""
+    times = [seconds.get(call) for call in calls]
+    if any(not t for t in times):
+        return None
+    return [sum(round_) for round_ in zip(*(t for t in times if t), strict=False)]
+
+
+def target_spread(target: Target, slower: Seconds, faster: Seconds) -> Spread | None:
+    """The target's per-round ratios (round k of one side over round k of the other)."""
+    top, bottom = _totals(slower, target.slower), _totals(faster, target.faster)
+    if top is None or bottom is None:
+        return None
+    ratios = [a / b for a, b in zip(top, bottom, strict=False) if b > 0]
+    return spread_of(ratios) if ratios else None
+
+
+def straddling(case: str, seconds: Seconds) -> set[Call]:
+    """The calls of the case's own targets whose interval straddles the bound (or has too few
+    rounds for one): timing them again can decide the verdict."""
+    calls: set[Call] = set()
+    for target in TARGETS:
+        if target.case != case or (target.faster_case or case) != case:
+            continue
+        spread = target_spread(target, seconds, seconds)
+        if spread is not None and target.judge(spread) == WITHIN_NOISE:
+            calls.update(target.slower + target.faster)
+    return calls
 
 
 def evaluate(runs: Sequence[CaseRun]) -> list[Outcome]:
-    """Every target whose case ran, with its measured ratio."""
+    """Every target whose case ran, with its measured ratio and interval."""
     by_case = {run.case: run for run in runs}
     outcomes = []
     for target in TARGETS:
         run, other = by_case.get(target.case), by_case.get(target.faster_case or target.case)
         if run is None or other is None:
             continue
-        slower, faster = _total_median(run, target.slower), _total_median(other, target.faster)
-        ratio = slower / faster if slower is not None and faster else None
-        outcomes.append(Outcome(target, ratio))
+        outcomes.append(Outcome(target, target_spread(target, run.timings.seconds, other.timings.seconds)))
     return outcomes

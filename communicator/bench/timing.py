@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from communicator.bench.memory import peak_growth_since, peak_growth_start
 from communicator.bench.ops import Context, Impl, Op
+from communicator.bench.spread import MIN_ROUNDS
 
 __all__ = ["Call", "Timings", "time_case"]
 
@@ -116,10 +117,25 @@ def _check_once(
     return agreed, errors, slowest, dict(zip(calls, _per_rank([peaks[call] for call in calls]), strict=True))
 
 
+def _no_progress(message: str) -> None:
+    pass
+
+
 def time_case(
-    context: Context, ops: Sequence[Op], inputs: Mapping[Call, Any], repeat: int, min_sample_seconds: float
+    context: Context,
+    ops: Sequence[Op],
+    inputs: Mapping[Call, Any],
+    repeat: int,
+    min_sample_seconds: float,
+    more: Callable[[Mapping[Call, list[float]]], set[Call]] | None = None,
+    max_repeat: int = 0,
+    progress: Callable[[str], None] = _no_progress,
 ) -> Timings:
     """Check every call once, then time each ``repeat`` times, round robin.
+
+    After those rounds, while ``more`` names calls whose verdict is still open, those calls run
+    more rounds, up to ``max_repeat`` in all. Every rank holds the same (reduced) times, so every
+    rank asks for the same calls.
 
     A call shorter than ``min_sample_seconds`` runs back to back within each sample, so that a few
     milliseconds of scheduling jitter on a busy machine do not decide the median of a short op.
@@ -134,15 +150,25 @@ def time_case(
     seconds: dict[Call, list[float]] = {call: [] for call in calls}
     impls = {(op.name, name): impl for op in ops for name, impl in op.impls.items()}
     rounds = random.Random(0)  # the same seed, so the same orders, on every rank
-    for _ in range(repeat):
-        order = rounds.sample(calls, len(calls))
-        local = []
-        for call in order:
-            result, elapsed, error = _timed(impls[call], context, inputs[call], loops[call])
-            if error is not None:
-                raise RuntimeError(f"{call[0]} ({call[1]}) failed after succeeding once: {error}")
-            del result  # freed outside the timed region
-            local.append(elapsed)
-        for call, slowest in zip(order, _slowest(local), strict=True):
-            seconds[call].append(slowest)
-    return Timings(seconds, correct, errors, loops, peaks)
+    planned, active, start_at = repeat, calls, 1
+    while True:
+        for done in range(start_at, planned + 1):
+            order = rounds.sample(active, len(active))
+            local = []
+            for call in order:
+                result, elapsed, error = _timed(impls[call], context, inputs[call], loops[call])
+                if error is not None:
+                    raise RuntimeError(f"{call[0]} ({call[1]}) failed after succeeding once: {error}")
+                del result  # freed outside the timed region
+                local.append(elapsed)
+            for call, slowest in zip(order, _slowest(local), strict=True):
+                seconds[call].append(slowest)
+            progress(f"round {done} of {planned}" + ("" if active is calls else f" ({len(active)} calls)"))
+        wanted = set() if more is None or planned >= max_repeat else more(seconds)
+        active = [call for call in calls if call in wanted]
+        if not active:
+            return Timings(seconds, correct, errors, loops, peaks)
+        start_at = planned + 1
+        # Enough rounds for an interval first, then half as many again each time, up to the cap.
+        planned = min(max_repeat, max(MIN_ROUNDS, planned + max(1, repeat // 2)))
+        progress(f"{len(active)} calls of targets within noise: up to {planned} rounds")

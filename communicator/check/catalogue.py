@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import random
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -17,6 +16,7 @@ from communicator.check.values import (
     REDUCE_INPUT,
     Mismatch,
     Skip,
+    arrive_late,
     expect,
     expect_same,
     expect_tensor,
@@ -198,7 +198,7 @@ LATE_SECONDS = 0.2
 
 def _all_reduce_late_rank(comm: Communicator, n: int) -> None:
     if comm.rank == _last(comm):
-        time.sleep(LATE_SECONDS)
+        arrive_late(LATE_SECONDS)
     tensor = comm.all_reduce(ramp(comm.rank, 4))
     expect_tensor(tensor, reduced("sum", functools.partial(ramp, n=4), comm.world_size), "all_reduce (one rank late)")
 
@@ -207,7 +207,7 @@ def _send_recv_late_sender(comm: Communicator, n: int) -> None:
     right, left = _ring(comm)
     received = torch.zeros(4)
     if comm.rank % 2 == 0:  # the even ranks send late; the odd ones wait for them in recv
-        time.sleep(LATE_SECONDS)
+        arrive_late(LATE_SECONDS)
         comm.send(ramp(comm.rank, 4), dst=right)
         comm.recv(received, src=left)
     else:

@@ -13,13 +13,15 @@ __all__ = ["Outcome", "render"]
 
 
 class Outcome(NamedTuple):
-    """What one rank saw for one (op, size): ``status`` is pass, FAIL, skip or not run."""
+    """What one rank saw for one (op, size): ``status`` is pass, FAIL, skip or not run; ``seconds``
+    leaves out ``delay``, the time this rank slept on purpose to arrive late."""
 
     op: str
     size: str
     status: str
     seconds: float
     error: str = ""
+    delay: float = 0.0
 
 
 def _ranks_text(ranks: Sequence[int], world: int) -> str:
@@ -50,8 +52,20 @@ def _merge(per_rank: Mapping[int, Sequence[Outcome]], world: int) -> list[tuple[
             status, error = "skip", first.error
         else:
             status, error = "pass", ""
-        rows.append((first.op, first.size, status, max(o.seconds for _, o in ran), error))
+        late = [(rank, o) for rank, o in ran if o.delay > 0]
+        if late and status == "pass":
+            error = _late_note(late)
+        # Where ranks arrived late on purpose, the others' time is mostly waiting for them: the
+        # late ranks' own time from their arrival is the operation's.
+        rows.append((first.op, first.size, status, max(o.seconds for _, o in late or ran), error))
     return rows
+
+
+def _late_note(late: Sequence[tuple[int, Outcome]]) -> str:
+    ranks = ", ".join(str(rank) for rank, _ in late)
+    whose = f"rank {ranks}" if len(late) == 1 else f"ranks {ranks}"
+    delay = max(o.delay for _, o in late)
+    return f"ms from when the late {whose} arrived ({delay:.2f} s deliberate delay not counted)"
 
 
 def render(

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from communicator.base import Communicator
 from communicator.check.catalogue import CHECKS, DEFAULT_SIZES, SIZES, Check
 from communicator.check.report import Outcome, render
-from communicator.check.values import Skip
+from communicator.check.values import Skip, take_delay
 from communicator.errors import CommTimeoutError, ConfigError, PeerLostError, RemoteError
 
 __all__ = ["FATAL", "Aborted", "check_job", "run_checks"]
@@ -31,6 +31,12 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
 
+def _outcome(check: Check, size: str, status: str, start: float, message: str) -> Outcome:
+    """The check's outcome on this rank; a deliberate delay (``arrive_late``) is not the op's time."""
+    delay = take_delay()
+    return Outcome(check.name, size, status, time.perf_counter() - start - delay, message, delay)
+
+
 def run_checks(
     comm: Communicator, checks: Sequence[Check] = CHECKS, sizes: Sequence[str] = DEFAULT_SIZES
 ) -> list[Outcome]:
@@ -51,6 +57,7 @@ def run_checks(
     outcomes: list[Outcome] = []
     for check in checks:
         for size in sizes if check.sized else ("-",):
+            take_delay()  # from 0: only this check's deliberate delay is left out of its time
             start = time.perf_counter()
             status, message = "pass", ""
             try:
@@ -58,11 +65,11 @@ def run_checks(
             except Skip as skip:
                 status, message = "skip", str(skip)
             except FATAL as error:
-                outcomes.append(Outcome(check.name, size, "FAIL", time.perf_counter() - start, _first_line(error)))
+                outcomes.append(_outcome(check, size, "FAIL", start, _first_line(error)))
                 raise Aborted(outcomes, error) from error
             except Exception as error:  # noqa: BLE001 - one failing op must not stop the others
                 status, message = "FAIL", _first_line(error)
-            outcomes.append(Outcome(check.name, size, status, time.perf_counter() - start, message))
+            outcomes.append(_outcome(check, size, status, start, message))
             try:
                 comm.barrier(timeout=limit)
             except Exception as error:  # ranks that cannot meet cannot go on

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +18,7 @@ __all__ = [
     "REDUCE_INPUT",
     "Mismatch",
     "Skip",
+    "arrive_late",
     "bits",
     "expect",
     "expect_same",
@@ -28,6 +31,7 @@ __all__ = [
     "ramp",
     "reduced",
     "short",
+    "take_delay",
 ]
 
 
@@ -138,3 +142,21 @@ def expect_tensors(got: object, want: Sequence[torch.Tensor], what: str) -> None
 
 def expect_same(got: object, want: object, what: str) -> None:
     expect(same_value(got, want), f"{what}: got {short(got)}, expected {short(want)}")
+
+
+# Per thread: ranks may be threads of one process (a thread-backed communicator).
+_delays = threading.local()
+
+
+def arrive_late(seconds: float) -> None:
+    """Sleep on purpose before an op; the runner leaves the time slept out of the op's time."""
+    start = time.perf_counter()
+    time.sleep(seconds)
+    _delays.seconds = getattr(_delays, "seconds", 0.0) + time.perf_counter() - start
+
+
+def take_delay() -> float:
+    """Seconds this thread slept in :func:`arrive_late` since the last call, and start again from 0."""
+    seconds: float = getattr(_delays, "seconds", 0.0)
+    _delays.seconds = 0.0
+    return seconds

@@ -26,6 +26,10 @@ OVERHEAD = "overhead"
 # The peers' 64 MiB calls take seconds each: three rounds keep a default run near five minutes on 2 cores.
 DEFAULT_REPEAT = 3
 QUICK_REPEAT = 2
+# Where a target's interval straddles it, its calls run more rounds, up to this many times --repeat
+# (and the overhead rows up to this many times --rounds): never a verdict from a few noisy rounds.
+MAX_FACTOR = 3
+QUICK_ROUNDS = 5  # the overhead case in a smoke test: the fewest rounds with a 90 % interval
 # A sample of a short call lasts at least this long (a smoke test takes single calls).
 MIN_SAMPLE_SECONDS = 0.2
 
@@ -73,9 +77,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="control-plane case: also time the requests against a real TCPStore server",
     )
+    parser.add_argument(
+        "--max-repeat",
+        type=_at_least(1),
+        default=None,
+        help=f"rounds, at most, of the calls of a target whose interval straddles it (default {MAX_FACTOR}"
+        " times --repeat; none with --quick)",
+    )
     parser.add_argument("--rounds", type=_at_least(1), default=101, help="rounds of the overhead case (default 101)")
+    parser.add_argument(
+        "--max-rounds",
+        type=_at_least(1),
+        default=None,
+        help=f"overhead case: rounds, at most, of a row whose interval straddles its target (default {MAX_FACTOR}"
+        f" times --rounds; {QUICK_ROUNDS} with --quick)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write every median, raw time, check and target here")
-    parser.add_argument("--quick", action="store_true", help="small payloads, 2 rounds, single calls: a smoke test")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small payloads, 2 rounds, single calls, 5 overhead rounds: a smoke test (about 15 s on 2 cores)",
+    )
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped")
     parser.add_argument(
         "--stats",
@@ -94,7 +116,10 @@ def _print_report(runs: Sequence[CaseRun], quick: bool) -> None:
         return
     outcomes = evaluate(runs)
     if outcomes:
-        print(f"\ntargets\n{format_targets(outcomes)}")
+        print(
+            "\ntargets: the median of the rounds' ratios [90 % confidence interval]; met or missed only where the"
+            f" interval lies on one side of the target, else within noise\n{format_targets(outcomes)}"
+        )
 
 
 def _first_failure(error: CommError) -> str:
@@ -116,6 +141,7 @@ def run(args: argparse.Namespace) -> int:
         QUICK if args.quick else FULL,
         0.0 if args.quick else MIN_SAMPLE_SECONDS,
         args.stats,
+        0 if args.quick else (args.max_repeat or MAX_FACTOR * repeat),
     )
     record: dict[str, object] = {}
     runs: list[CaseRun] = []
@@ -131,20 +157,24 @@ def run(args: argparse.Namespace) -> int:
     try:
         if cases:
             runs, statistics = run_benchmark(plan, args.timeout)
-            print(f"world size {plan.world_size}, median of {plan.repeat} rounds, slowest rank per round")
+            more = f" ({plan.max_repeat} for targets within noise)" if plan.max_repeat > plan.repeat else ""
+            print(f"world size {plan.world_size}, median of {plan.repeat} rounds{more}, slowest rank per round")
             _print_report(runs, args.quick)
             if statistics is not None:
                 print(f"\nrank 0's operations in the cases, every call (comm.stats())\n{statistics}")
             record = to_json(plan, runs, args.quick)
         if overhead:
-            rounds = 5 if args.quick else args.rounds
-            rows, recording = run_overhead(args.world_size, rounds, args.timeout)
-            print(("\n" if cases else "") + format_overhead(rows, recording, args.world_size, rounds, not args.quick))
+            rounds = QUICK_ROUNDS if args.quick else args.rounds
+            cap = rounds if args.quick else (args.max_rounds or MAX_FACTOR * rounds)
+            rows, recording = run_overhead(args.world_size, rounds, cap, args.timeout)
+            print(("\n" if cases else "") + format_overhead(rows, recording, args.world_size))
             record[OVERHEAD] = {
                 "world_size": args.world_size,
                 "rounds": rounds,
-                "recording_us": recording,
-                "rows": [{**dataclasses.asdict(row), "met": row.met} for row in rows],
+                "max_rounds": cap,
+                "recording_us": recording.spread.median,
+                "recording": {**dataclasses.asdict(recording.spread), "verdict": recording.verdict},
+                "rows": [{**dataclasses.asdict(row), "ratio": row.ratio, "verdict": row.verdict} for row in rows],
             }
     except CommError as error:
         print(f"communicator bench: the ranks failed: {_first_failure(error)}", file=sys.stderr)

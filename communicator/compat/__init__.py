@@ -2,6 +2,7 @@
 
 :mod:`~communicator.compat.backing` picks the communicator that serves each call,
 :mod:`~communicator.compat.devices` moves nested data between devices,
-:mod:`~communicator.compat.buckets` groups parameters for coalesced reductions and
-:mod:`~communicator.compat.filed_results` collects results through a directory.
+:mod:`~communicator.compat.buckets` groups parameters for coalesced reductions,
+:mod:`~communicator.compat.filed_results` collects results through a directory and
+:mod:`~communicator.compat.switch` makes mmengine itself call :mod:`communicator.dist`.
 """

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from communicator import Communicator, NonDistComm, PeerLostError, RemoteError
-from communicator.check import CHECKS, DEFAULT_SIZES, Aborted, Check, Mismatch, Skip, check_job, run_checks
+from communicator.check import CHECKS, DEFAULT_SIZES, Aborted, Check, Mismatch, Outcome, Skip, check_job, run_checks
+from communicator.check.report import _merge
+from communicator.check.values import arrive_late
 from communicator.cli import main
 from communicator.cli.check import run_local
 from communicator.testing import run_ranks
@@ -20,6 +22,7 @@ from communicator.testing import run_ranks
 REPO = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^(\S.*?)\s{2,}(-|small|medium|large)\s+(pass|FAIL|skip|not run)\s+\d+\.\d+(?:\s+(.*))?$")
 POINT_TO_POINT = {"send/recv", "isend/irecv", "send/recv[late sender]", "send_object/recv_object"}
+LATE_NOTE = "ms from when the late rank 0 arrived (0.20 s deliberate delay not counted)"
 
 
 def _rows(output: str) -> list[tuple[str, str, str, str]]:
@@ -44,6 +47,8 @@ def test_one_process(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Mon
     for op, size, result, error in rows:
         # A world of one has no peer: point-to-point is skipped, every other op must pass.
         want = ("skip", "a world of one has no peer") if op in POINT_TO_POINT else ("pass", "")
+        if op == "all_reduce[late rank]":  # its own rank is the late one: the sleep is not the op's time
+            want = ("pass", LATE_NOTE)
         assert (result, error) == want, (op, size)
     assert output.rstrip().endswith("check passed")
 
@@ -208,3 +213,39 @@ def test_stopped_run_through_the_command(capsys: pytest.CaptureFixture[str]) -> 
     assert _rows(output) == [("barrier", "-", "pass", ""), ("peer lost", "-", "pass", "")]
     assert "check STOPPED on rank 0 after peer lost (-): the communicator broke: RemoteError" in output
     assert "check STOPPED on rank 1 at peer lost (-): the communicator broke: PeerLostError: simulated" in output
+
+
+# -- a deliberately late rank ------------------------------------------------------------------------------
+
+
+def test_a_deliberate_delay_is_recorded_apart_from_the_op_s_time() -> None:
+    def late(comm: Communicator, n: int) -> None:
+        arrive_late(0.05)
+        comm.barrier()
+
+    with NonDistComm() as comm:
+        outcomes = run_checks(comm, [Check("late", late, sized=False), CHECKS[0]], ["small"])
+    assert [(o.op, o.status) for o in outcomes] == [("late", "pass"), ("barrier", "pass")]
+    assert outcomes[0].delay >= 0.05  # time.sleep sleeps at least as long as asked
+    assert outcomes[1].delay == 0.0  # counted afresh for each check
+
+
+def test_a_late_rank_s_row_shows_the_time_from_its_arrival() -> None:
+    # Rank 0 waited 0.2 s for rank 1, which slept 0.2 s on purpose and then took 3 ms.
+    per_rank = {
+        0: [Outcome("all_reduce[late rank]", "-", "pass", 0.203), Outcome("barrier", "-", "pass", 0.004)],
+        1: [Outcome("all_reduce[late rank]", "-", "pass", 0.003, "", 0.2), Outcome("barrier", "-", "pass", 0.001)],
+    }
+    rows = _merge(per_rank, 2)
+    assert rows == [
+        ("all_reduce[late rank]", "-", "pass", 0.003, LATE_NOTE.replace("rank 0", "rank 1")),
+        ("barrier", "-", "pass", 0.004, ""),  # no delay: the slowest rank's time, as before
+    ]
+
+
+def test_a_late_rank_s_failure_keeps_its_error() -> None:
+    per_rank = {
+        0: [Outcome("late", "-", "FAIL", 0.2, "Mismatch: wrong")],
+        1: [Outcome("late", "-", "pass", 0.001, "", 0.2)],
+    }
+    assert _merge(per_rank, 2) == [("late", "-", "FAIL", 0.001, "rank 0: Mismatch: wrong")]
