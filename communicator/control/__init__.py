@@ -13,8 +13,10 @@ wait takes a timeout, it gives every communicator:
 - :mod:`stall diagnosis <communicator.control.stalls>`: one judge per operation reads every status
   in one request and posts its verdict.
 
-Its cost is flat per rank and linear in the job: O(1) requests per rank to start, none while no
-operation waits, about one a second while one does, O(N) in all for a failure or a stall beat.
+Its cost is flat per rank and linear in the job: O(1) requests per rank to start; while no
+operation waits, only a status write when a process settles somewhere new or its heartbeat is
+due (every 5 s, less often past 2,500 ranks); about one request a second while one waits; O(N) in
+all for a failure or a stall beat.
 ``communicator bench --cases control-plane`` counts them for virtual ranks.
 """
 
