@@ -13,8 +13,8 @@ __all__ = ["Outcome", "render"]
 
 
 class Outcome(NamedTuple):
-    """What one rank saw for one (op, size): ``status`` is pass, FAIL, skip or not run; ``seconds``
-    leaves out ``delay``, the time this rank slept on purpose to arrive late."""
+    """What one rank saw for one (op, size): ``status`` is pass, FAIL, skip or not run; ``delay``
+    is how late this rank arrived on purpose, and ``seconds`` leaves out the time it slept for it."""
 
     op: str
     size: str

@@ -33,8 +33,8 @@ def _first_line(error: BaseException) -> str:
 
 def _outcome(check: Check, size: str, status: str, start: float, message: str) -> Outcome:
     """The check's outcome on this rank; a deliberate delay (``arrive_late``) is not the op's time."""
-    delay = take_delay()
-    return Outcome(check.name, size, status, time.perf_counter() - start - delay, message, delay)
+    slept, asked = take_delay()
+    return Outcome(check.name, size, status, time.perf_counter() - start - slept, message, asked)
 
 
 def run_checks(

@@ -152,11 +152,15 @@ def arrive_late(seconds: float) -> None:
     """Sleep on purpose before an op; the runner leaves the time slept out of the op's time."""
     start = time.perf_counter()
     time.sleep(seconds)
-    _delays.seconds = getattr(_delays, "seconds", 0.0) + time.perf_counter() - start
+    _delays.slept = getattr(_delays, "slept", 0.0) + time.perf_counter() - start
+    _delays.asked = getattr(_delays, "asked", 0.0) + seconds
 
 
-def take_delay() -> float:
-    """Seconds this thread slept in :func:`arrive_late` since the last call, and start again from 0."""
-    seconds: float = getattr(_delays, "seconds", 0.0)
-    _delays.seconds = 0.0
-    return seconds
+def take_delay() -> tuple[float, float]:
+    """(seconds slept, seconds asked for) in :func:`arrive_late` by this thread since the last
+    call, and start again from 0: the time slept leaves the op's time, the delay asked is reported
+    (a loaded machine oversleeps)."""
+    slept: float = getattr(_delays, "slept", 0.0)
+    asked: float = getattr(_delays, "asked", 0.0)
+    _delays.slept = _delays.asked = 0.0
+    return slept, asked
