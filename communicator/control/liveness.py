@@ -67,10 +67,17 @@ class Hosts:
 
     def _listen(self) -> socket.socket | None:
         if self._probe is None:
-            with contextlib.suppress(OSError):
-                probe = socket.create_server(("", 0), family=socket.AF_INET, backlog=_BACKLOG)
+            # Without SO_REUSEADDR (which create_server sets): a port it picks is then never one
+            # that another socket (a gloo listener between its bind and its listen) holds too.
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                probe.bind(("", 0))
+                probe.listen(_BACKLOG)
                 probe.setblocking(False)
-                self._probe = probe
+            except OSError:
+                probe.close()
+                return None
+            self._probe = probe
         return self._probe
 
     def drain(self) -> None:
