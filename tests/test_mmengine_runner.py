@@ -1,7 +1,11 @@
-"""mmengine's own ``Runner`` and ``SyncBuffersHook``, with ``mmengine.dist`` replaced by ``communicator.dist``."""
+"""mmengine's own ``Runner``, ``SyncBuffersHook`` and an ``Evaluator`` metric, with ``mmengine.dist``
+replaced by ``communicator.dist`` through ``use_for_mmengine()``: on ranks that ``launch`` starts,
+and under ``torchrun --nproc-per-node=2`` (``tests/launcher_scripts/mmengine_job.py``)."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,12 +14,18 @@ from typing import Any
 import pytest
 
 from communicator import Communicator
+from communicator.launchers.local import free_port
 from communicator.testing import run_ranks
 
 pytest.importorskip("mmengine")
 
 
 def train_with_synced_buffers(comm: Communicator, work_dir: str) -> dict[str, Any]:
+    return train(work_dir, comm.rank)
+
+
+def train(work_dir: str, rank: int) -> dict[str, Any]:
+    """Train and validate with mmengine's Runner on this rank; what the checks below compare."""
     import communicator.dist
 
     communicator.dist.use_for_mmengine()  # every mmengine module of this rank calls communicator.dist
@@ -51,7 +61,7 @@ def train_with_synced_buffers(comm: Communicator, work_dir: str) -> dict[str, An
         def compute_metrics(self, results: list[bool]) -> dict[str, float]:
             return {"accuracy": sum(results) / len(results), "count": float(len(results))}
 
-    generator = torch.Generator().manual_seed(comm.rank)  # each rank sees other data: other statistics
+    generator = torch.Generator().manual_seed(rank)  # each rank sees other data: other statistics
     data = TensorDataset(torch.randn(32, 4, generator=generator), torch.randint(0, 2, (32,), generator=generator))
     runner = Runner(
         model=Net(),
@@ -78,22 +88,39 @@ def train_with_synced_buffers(comm: Communicator, work_dir: str) -> dict[str, An
         "ours": mmengine.evaluator.metric.collect_results is communicator.dist.collect_results,
         "mean": norm.running_mean.tolist(),
         "var": norm.running_var.tolist(),
-        "batches": (norm.num_batches_tracked.dtype, int(norm.num_batches_tracked)),
+        "batches": (str(norm.num_batches_tracked.dtype), int(norm.num_batches_tracked)),
     }
 
 
-@pytest.mark.timeout(300)
-def test_runner_with_sync_buffers_hook_trains_through_communicator_dist(tmp_path: Path) -> None:
-    ranks = run_ranks(train_with_synced_buffers, 2, str(tmp_path), cfg={"backend": "gloo"}, timeout=240)
+def check_ranks(ranks: list[dict[str, Any]]) -> None:
     # After each epoch the hook averages every buffer, the int64 batch counter included.
-    assert ranks[0]["batches"] == ranks[1]["batches"] == (ranks[0]["batches"][0], 8)
-    assert str(ranks[0]["batches"][0]) == "torch.int64"
+    assert [tuple(rank["batches"]) for rank in ranks] == [("torch.int64", 8)] * 2
     # The evaluator's results went through communicator.dist.collect_results (each rank evaluated its 32
     # samples; mmengine keeps the dataset's length of the collected results) and reached every rank alike.
     assert all(rank["ours"] for rank in ranks)
     assert ranks[0]["metrics"]["count"] == 32.0 and ranks[0]["metrics"] == ranks[1]["metrics"]
     for key in ("mean", "var"):
         assert ranks[0][key] == pytest.approx(ranks[1][key], rel=1e-6, abs=1e-7)
+
+
+@pytest.mark.timeout(300)
+def test_runner_with_sync_buffers_hook_trains_through_communicator_dist(tmp_path: Path) -> None:
+    check_ranks(run_ranks(train_with_synced_buffers, 2, str(tmp_path), cfg={"backend": "gloo"}, timeout=240))
+
+
+@pytest.mark.timeout(300)
+def test_runner_under_torchrun(tmp_path: Path) -> None:
+    # torchrun starts the ranks; mmengine's Runner initialises the group (init_dist, ours).
+    script = Path(__file__).parent / "launcher_scripts" / "mmengine_job.py"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_"))}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1"]
+    command += [f"--master-port={free_port()}", str(script), str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=environ, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = [line.split(" ", 2) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    ranks = [json.loads(result) for _, _, result in sorted(lines, key=lambda parts: int(parts[1]))]
+    assert len(ranks) == 2, done.stdout
+    check_ranks(ranks)
 
 
 ALREADY_IMPORTED = """
