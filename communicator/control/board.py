@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from communicator.control.liveness import Hosts
+from communicator.control.liveness import Hosts, alive
 from communicator.control.log import EventLog, Record, StoreHandle, guarded_store
 from communicator.control.ranks import Spans, spans_text
 from communicator.errors import (
@@ -64,6 +64,7 @@ class FailureBoard:
         parent: FailureBoard | None = None,
     ) -> None:
         self.name, self.members, self.log, self.hosts = name, tuple(members), log, hosts
+        self._index = {world: rank for rank, world in enumerate(self.members)}  # world rank -> rank here
         self._store, self._local_size, self._parent = store, local_size, parent
         self._names = self._lineage()
         self._taken = dict.fromkeys(self._names, 0)  # records of each heeded board already taken
@@ -208,12 +209,14 @@ class FailureBoard:
                 raise PeerClosedError(peer, done, last, f"{what} on rank {rank}")
 
     def _dead_here(self, rank: int) -> dict[int, int]:
-        """Members on this host whose process is gone and that did not close first (no request
-        once every rank of this host has announced itself)."""
-        local = self.hosts.local(self._local_size)
-        ranks = [r for r, world in enumerate(self.members) if r != rank and world in local and r not in self._closed]
-        dead = self.hosts.dead_here([self.members[r] for r in ranks], self._local_size)
-        return {r: dead[self.members[r]] for r in ranks if self.members[r] in dead}
+        """Members on this host whose process is gone and that did not close first: ``rank -> pid``
+        (no request once every rank of this host has announced itself; the host's ranks only)."""
+        dead = {}
+        for world, pid in self.hosts.local(self._local_size).items():
+            peer = self._index.get(world)
+            if peer is not None and peer != rank and peer not in self._closed and not alive(pid):
+                dead[peer] = pid
+        return dead
 
     def closed(self) -> dict[int, tuple[int, str]]:
         """Peers that closed, as read so far: ``rank -> (collectives completed, the last one)``."""

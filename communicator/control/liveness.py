@@ -16,7 +16,6 @@ import contextlib
 import errno
 import os
 import socket
-from collections.abc import Iterable
 
 from communicator.control.log import StoreHandle, guarded_store
 
@@ -106,12 +105,6 @@ class Hosts:
                 found[int(rank)] = int(pid)
             self._local = found
         return self._local
-
-    def dead_here(self, ranks: Iterable[int], expected: int) -> dict[int, int]:
-        """Of ``ranks``, those on this host whose process is gone: ``rank -> pid`` (no request
-        once every local rank is known)."""
-        local = self.local(expected)
-        return {rank: local[rank] for rank in ranks if rank in local and not alive(local[rank])}
 
     def where(self, ranks: list[int]) -> dict[int, tuple[str, int, str, int]]:
         """``rank -> (host, pid, probe address, probe port)``; one request for those not yet known."""
