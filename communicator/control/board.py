@@ -126,10 +126,26 @@ class FailureBoard:
 
     def post_mismatch(self, rank: int, error: CollectiveMismatchError) -> None:
         """Announce a mismatch, so that every member raises the same error."""
+        self._mismatch = self._mismatch or error  # known here: not posted again, nor counted as read
         alike: dict[str, list[int]] = {}  # ranks that say the same, durations aside: a record of O(sides)
         for r, side in sorted(error.sides.items()):
             alike.setdefault(_without_seconds(side), []).append(r)
         self._post("mismatch", rank, what=error.what, sides={side: spans_text(r) for side, r in alike.items()})
+
+    def knows_mismatch(self) -> bool:
+        """Whether a mismatch was read from the board (then it is not posted again)."""
+        return self._mismatch is not None
+
+    def await_mismatch_read(self, limit: float = 3.0) -> None:
+        """Wait (at most ``limit`` seconds) until the other members read the mismatch just posted:
+        a launcher that stops the job when this rank exits (torchrun) must not stop them before
+        they report it. One request a poll; never raises."""
+        deadline, pause = time.monotonic() + limit, backoff(0.01, 0.2)
+        with contextlib.suppress(Exception):
+            while self._store.add(f"{self.name}mismatch-read", 0) < len(self.members) - 1:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(pause())
 
     def post_lost(self, rank: int, peer: int, why: str) -> None:
         """Announce that local rank ``peer``'s process is gone (found by ``rank``)."""
@@ -172,6 +188,8 @@ class FailureBoard:
         elif kind == "mismatch" and self._mismatch is None:
             sides = {r: str(side) for side, ranks in record["sides"].items() for r in Spans(ranks)}
             self._mismatch = CollectiveMismatchError(dict(sorted(sides.items())), str(record["what"]))
+            with contextlib.suppress(Exception):  # its poster waits for this before it leaves
+                self._store.add(f"{self.name}mismatch-read", 1)
         elif kind == "lost":
             self._lost.setdefault(int(record["peer"]), str(record["why"]))
         elif kind == "closed":

@@ -91,7 +91,7 @@ class Control:
         other ranks must hear of it (they may be waiting in the same operation)."""
         if self.broken is None:
             self.broken = error
-            if isinstance(error, CollectiveMismatchError):
+            if isinstance(error, CollectiveMismatchError) and not self.board.knows_mismatch():
                 self.board.post_mismatch(self.rank, error)
             self.board.post(RemoteFailure.of(self.rank, error, self._calls.op))
         return error
