@@ -210,6 +210,7 @@ class FailureBoard:
     def raise_known(self, rank: int, seq: int, what: str) -> None:
         """Raise what the records read so far say (no request)."""
         if self._mismatch is not None:
+            self.await_mismatch_read()  # leave together: a launcher may stop the job at the first exit
             raise self._mismatch
         if self._above:  # a failure for good above explains anything seen here (a peer closing)
             context = f"{what} on rank {rank} abandoned (ranks of the communicator it was split from)"
