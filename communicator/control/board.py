@@ -79,6 +79,7 @@ class FailureBoard:
         self._statuses_complete = False  # whether every member has published a status
         self._children = 0
         self._released = False
+        self._mismatch_raised = False
 
     def _lineage(self) -> dict[str, bool]:
         """The names this board heeds: its own (every record) and its ancestors' (failures only)."""
@@ -127,6 +128,7 @@ class FailureBoard:
     def post_mismatch(self, rank: int, error: CollectiveMismatchError) -> None:
         """Announce a mismatch, so that every member raises the same error."""
         self._mismatch = self._mismatch or error  # known here: not posted again, nor counted as read
+        self._mismatch_raised = True
         alike: dict[str, list[int]] = {}  # ranks that say the same, durations aside: a record of O(sides)
         for r, side in sorted(error.sides.items()):
             alike.setdefault(_without_seconds(side), []).append(r)
@@ -136,10 +138,12 @@ class FailureBoard:
         """Whether a mismatch was read from the board (then it is not posted again)."""
         return self._mismatch is not None
 
-    def await_mismatch_read(self, limit: float = 3.0) -> None:
-        """Wait (at most ``limit`` seconds) until the other members read the mismatch just posted:
-        a launcher that stops the job when this rank exits (torchrun) must not stop them before
-        they report it. One request a poll; never raises."""
+    def linger(self, limit: float = 3.0) -> None:
+        """On closing after a mismatch was raised here: wait (at most ``limit`` seconds) until the
+        other members read it, since a launcher that stops the job when this rank exits (torchrun)
+        must not stop them before they report it. One request a poll; never raises."""
+        if not self._mismatch_raised:
+            return
         deadline, pause = time.monotonic() + limit, backoff(0.01, 0.2)
         with contextlib.suppress(Exception):
             while self._store.add(f"{self.name}mismatch-read", 0) < len(self.members) - 1:
@@ -210,7 +214,7 @@ class FailureBoard:
     def raise_known(self, rank: int, seq: int, what: str) -> None:
         """Raise what the records read so far say (no request)."""
         if self._mismatch is not None:
-            self.await_mismatch_read()  # leave together: a launcher may stop the job at the first exit
+            self._mismatch_raised = True  # closing lingers until the others read it
             raise self._mismatch
         if self._above:  # a failure for good above explains anything seen here (a peer closing)
             context = f"{what} on rank {rank} abandoned (ranks of the communicator it was split from)"

@@ -117,6 +117,7 @@ class Control:
     def close(self, error: BaseException | None) -> None:
         """Tell the others this rank left (and why, after ``error``); no collective. Never raises."""
         try:
+            self.board.linger()
             if error is not None:
                 self.board.post(RemoteFailure.of(self.rank, error, "the communicator's block"))
             self.board.post_closed(self.rank, self._calls.seq, self._calls.op)

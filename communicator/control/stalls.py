@@ -310,7 +310,6 @@ class Stall:
             if self._suspect == key:
                 error = CollectiveMismatchError(verdict.sides, verdict.headline)
                 self._watch.board.post_mismatch(self._rank, error)
-                self._watch.board.await_mismatch_read()
                 raise error
             self._suspect = key
             return
