@@ -13,10 +13,12 @@ from communicator.errors import (
     CommError,
     CommTimeoutError,
     ConfigError,
+    ExcludedError,
     NotMemberError,
     PeerClosedError,
     PeerLostError,
     RemoteError,
+    RevokedError,
 )
 from communicator.handles import Handle
 from communicator.nondist import NonDistComm
@@ -33,6 +35,7 @@ __all__ = [
     "Communicator",
     "ConfigError",
     "ContextGroup",
+    "ExcludedError",
     "Handle",
     "NonDistComm",
     "NonMemberComm",
@@ -40,6 +43,7 @@ __all__ = [
     "PeerClosedError",
     "PeerLostError",
     "RemoteError",
+    "RevokedError",
     "SubgroupComm",
     "TorchComm",
     "__version__",

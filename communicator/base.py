@@ -79,13 +79,14 @@ from communicator.control.log import Store
 from communicator.control.waiting import finished
 from communicator.coordination import Coordination
 from communicator.errors import CommError, CommTimeoutError, ConfigError
-from communicator.factory import SINGLE, decide
+from communicator.factory import SINGLE, build, decide
 from communicator.fingerprints import check_fingerprints, fingerprint
 from communicator.guard import CallState, Spec, collective, guarded
 from communicator.handles import DONE, Handle, Work
 from communicator.observe import Observation
 from communicator.ops import ReduceOpLike, check_op_dtype, divide_exactly, is_floating, parse_op
 from communicator.ranks import RankQueries
+from communicator.recovery import Recovery, unusable
 from communicator.results import check_arguments, merge_parts
 from communicator.serialization import Codec, make_codec
 from communicator.splits import Splitting
@@ -100,7 +101,9 @@ CommT = TypeVar("CommT", bound="Communicator")
 Tensor = torch.Tensor
 
 
-class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observation, abc.ABC):
+class Communicator(
+    RankQueries, Coordination, Splitting["Communicator"], Recovery["Communicator"], Observation, abc.ABC
+):
     """One object for every distributed operation, the same in one process and in a job of many.
 
     **The rule.** *Tensor methods* (``all_reduce``, ``broadcast``, ``reduce``, ``all_gather``,
@@ -144,6 +147,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         self._seeds_drawn = 0
         self._control: Control | None = None  # built on first use from _control_store()
         self._contexts = 0  # calls of the default _create_groups: every rank numbers its groups alike
+        self._shrinks = 0  # shrink() calls without a control plane (a world of one)
         Communicator._open.add(self)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -196,12 +200,14 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
 
     @classmethod
     def from_config(cls, config: CommConfig) -> Communicator:
-        """Build an instance for ``create({"type": ...})``: by default ``cls(config)``.
+        """Build an instance for ``create({"type": ...})``: by default ``cls(config)``, or, where the
+        class defines the hook ``@classmethod from_launcher(cls, config, launcher)``, that hook with
+        the launcher's view of this process (see :class:`~communicator.factory.FromLauncher`).
 
         ``TorchComm`` and ``NonDistComm`` override it, so that their subclasses are built the way
         ``create`` builds them; override it to read ``config.options``.
         """
-        return cls(config)
+        return build(cls, config)
 
     def __enter__(self: CommT) -> CommT:
         if self._closed:
@@ -305,6 +311,12 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         communicator's point-to-point, each on tags of its own (:mod:`communicator.context_group`)."""
         return Communicator.context_groups(self, groups)
 
+    def _shrunk(self, members: list[int], name: str) -> Communicator:
+        """A new communicator over ``members`` (this one's ranks, in order), with transport
+        connections and a control plane of its own (``name`` is the same on every member): what
+        ``shrink()`` returns once the members are settled. Default: a transport cannot shrink."""
+        raise CommError(f"shrink(): {type(self).__name__} cannot form a communicator of the survivors")
+
     def _reduce(self, tensor: torch.Tensor, dst: int, op: str) -> Work:
         """Start reducing into ``tensor`` on ``dst``; other ranks' ``tensor`` is scratch."""
         return derived.reduce(self, tensor, dst, op)
@@ -366,10 +378,7 @@ class Communicator(RankQueries, Coordination, Splitting["Communicator"], Observa
         """After an abandoned operation every later one is refused."""
         if control.broken is not None and self._calls.refusal is None:
             broken = control.broken
-            self._calls.refusal = lambda what: CommError(
-                f"{what}: this communicator is unusable since an earlier operation was abandoned "
-                f"({broken}); leave its block and create a new one"
-            )
+            self._calls.refusal = lambda what: unusable(what, broken)
 
     def _await(self, works: Sequence[Work], timeout: float | None = None) -> None:
         """``_wait``, its time counted as the running operation's wait (see :mod:`communicator.stats`)."""

@@ -55,6 +55,11 @@ class CommConfig:
     """The rendezvous host; default: what the launcher says (``MASTER_ADDR``, the first Slurm host)."""
     master_port: int | None = None
     """The rendezvous port (mmengine's ``port`` is accepted); default: what the launcher says."""
+    store: str | None = None
+    """``host:port`` of a rendezvous store served outside the ranks (``communicator store`` serves
+    one): the ranks join it as clients, so the loss of any rank, rank 0 included, leaves it up and
+    the survivors can ``shrink()``. Default: world rank 0 serves it (torchrun's agent store under
+    torchrun)."""
     device: str | None = None
     """The device tensors are moved to for communication (default: ``cuda:<local_rank>`` under NCCL, else CPU)."""
     serializer: str | Serializer = "pickle"
@@ -95,10 +100,12 @@ class CommConfig:
         set_(self, "launcher", _choice("launcher", self.launcher, launcher_names()))
         set_(self, "timeout", _timeout(self.timeout))
         set_(self, "master_port", _port(self.master_port))
-        for name in ("init_method", "master_addr", "device", "type", "trace_dir"):
+        for name in ("init_method", "master_addr", "store", "device", "type", "trace_dir"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"{name}={value!r} is invalid: expected a non-empty string or None")
+        if self.store is not None:
+            store_address(self.store)
         if self.device is not None:
             _device(self.device)
         if isinstance(self.serializer, str):
@@ -202,6 +209,15 @@ def _parse_env(name: str, raw: str) -> Any:
     if name == "trusted":
         return tuple(part.strip() for part in raw.split(",") if part.strip())
     return raw
+
+
+def store_address(value: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) as a pair; anything else is a ``ConfigError``."""
+    host, _, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"store={value!r} is invalid: expected host:port of a running store")
+    return host, int(port)
 
 
 def _choice(name: str, value: object, allowed: tuple[str, ...]) -> str:

@@ -12,11 +12,13 @@ __all__ = [
     "CommError",
     "CommTimeoutError",
     "ConfigError",
+    "ExcludedError",
     "NotMemberError",
     "PeerClosedError",
     "PeerLostError",
     "RemoteError",
     "RemoteFailure",
+    "RevokedError",
 ]
 
 
@@ -62,6 +64,17 @@ class PeerClosedError(PeerLostError):
 
 class NotMemberError(CommError):
     """A collective was called on a subgroup communicator by a rank that is not a member."""
+
+
+class RevokedError(CommError):
+    """A member revoked the communicator (``revoke()``): every pending and later operation raises
+    this, so ranks stuck in different places all reach the recovery code. ``agree()``,
+    ``shrink()`` and ``close()`` still work."""
+
+
+class ExcludedError(CommError):
+    """``shrink()`` formed the survivors' communicator without this rank: it called too late (or
+    was found gone), so it must leave."""
 
 
 @dataclass(frozen=True)

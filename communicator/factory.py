@@ -1,27 +1,53 @@
-"""`decide` what communicator this process needs, and why, without communicating.
+"""`decide` what communicator this process needs, and why, without communicating; `build` a registered class.
 
 ``Communicator.create`` builds what the decision names, and ``communicator info`` prints the same
 decision, so the two can never disagree. The built-in classes are registered by name like any
 user's: ``"nondist"`` (:class:`~communicator.nondist.NonDistComm`) and ``"torch"``
 (:class:`~communicator.torch_comm.TorchComm`).
+
+A registered transport of its own (a direct ``Communicator`` subclass) gets its endpoints from the
+launcher by defining the class-level hook ``from_launcher`` (see :class:`FromLauncher`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+import inspect
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch.distributed as dist
 
 from communicator.config import CommConfig
 from communicator.errors import ConfigError
 from communicator.launchers import LAUNCHERS, LauncherEnv, detect_launcher
-from communicator.startup import resolve_backend
+from communicator.startup import resolve_backend, world_of_one
 
-__all__ = ["SINGLE", "TORCH", "Decision", "decide"]
+if TYPE_CHECKING:
+    from communicator.base import Communicator
+
+__all__ = ["SINGLE", "TORCH", "Decision", "FromLauncher", "build", "check_hook", "decide"]
 
 #: The registered names of the built-in classes.
 SINGLE, TORCH = "nondist", "torch"
+#: The name of the class-level constructor hook of a registered transport.
+_HOOK = "from_launcher"
+
+
+class FromLauncher(Protocol):
+    """A registered class that ``create`` builds from the launcher's view of this process.
+
+    ``from_launcher(config, launcher)`` is a ``classmethod`` that returns this process's rank of the
+    job: ``launcher.rank`` of ``launcher.world_size``, meeting the others at
+    ``launcher.master_addr:launcher.master_port`` (a rendezvous store there, for example).
+    ``launcher`` is what launch(), torchrun, srun or mpirun set, read as
+    :func:`~communicator.launchers.detect_launcher` reads it with the configuration's ``launcher``,
+    ``master_addr`` and ``master_port``; without a launcher, or with ``launcher="none"``, it is a
+    world of one on a free local port.
+    """
+
+    @classmethod
+    def from_launcher(cls, config: CommConfig, launcher: LauncherEnv) -> Communicator: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,24 +60,60 @@ class Decision:
     launcher: LauncherEnv | None = None
 
 
-def decide(config: CommConfig, registered: Collection[str]) -> Decision:
-    """The decision for ``config`` in this process (``registered``: the registered type names).
+def decide(config: CommConfig, registered: Mapping[str, type[Communicator]]) -> Decision:
+    """The decision for ``config`` in this process (``registered``: the registered classes by name).
 
     Raises:
-        ConfigError: an unknown type, or malformed or missing launcher variables.
+        ConfigError: an unknown type, a malformed ``from_launcher`` hook, or malformed or missing
+            launcher variables.
     """
     if config.type is not None:
         if config.type not in registered:
             raise ConfigError(f"type={config.type!r} is not registered: expected one of {sorted(registered)}")
-        return Decision(config.type, "-", f"the registered type {config.type!r}")
+        built = registered[config.type]
+        if not check_hook(built):
+            return Decision(config.type, "-", f"the registered type {config.type!r}")
+        env = _launcher(config)
+        where = "no launcher variables (a world of one)" if env is None else env.explain()
+        reason = f"the registered type {config.type!r}, built by {built.__qualname__}.{_HOOK} from {where}"
+        return Decision(config.type, "-", reason, env)
     if config.launcher == "none":
         return Decision(SINGLE, "none", "launcher='none' asks for a single process")
     if dist.is_available() and dist.is_initialized():
         reason = "torch.distributed was already initialised: adopted its default group (not owned)"
         return Decision(TORCH, str(dist.get_backend()), reason)
-    env = detect_launcher(config.launcher, master_addr=config.master_addr, master_port=config.master_port)
+    env = _launcher(config)
     if env is None:
         looked = ", ".join(launcher.name for launcher in LAUNCHERS)
         return Decision(SINGLE, "none", f"no launcher variables found (looked for {looked}): a single process")
     backend = resolve_backend(config.backend, env.local_size)
     return Decision(TORCH, backend, f"{env.explain()}: start and own a {backend} group", env)
+
+
+def check_hook(cls: type[Communicator]) -> bool:
+    """Whether ``cls`` has a ``from_launcher`` hook (raising ``ConfigError`` when it is not a classmethod)."""
+    hook = inspect.getattr_static(cls, _HOOK, None)
+    if hook is None:
+        return False
+    if not isinstance(hook, classmethod):
+        raise ConfigError(
+            f"{cls.__qualname__}.{_HOOK} is a {type(hook).__name__}: define it as "
+            f"@classmethod {_HOOK}(cls, config: CommConfig, launcher: LauncherEnv)"
+        )
+    return True
+
+
+def build(cls: type[Communicator], config: CommConfig) -> Communicator:
+    """What ``cls.from_config(config)`` does by default: ``cls.from_launcher(config, launcher)`` with
+    the launcher this process was started by (a world of one without one) where the class has that
+    hook, else ``cls(config)``. A launcher's missing or malformed variables raise ``ConfigError``
+    before the hook runs."""
+    if not check_hook(cls):
+        return cls(config)
+    return cast(FromLauncher, cls).from_launcher(config, _launcher(config) or world_of_one())
+
+
+def _launcher(config: CommConfig) -> LauncherEnv | None:
+    if config.launcher == "none":
+        return None
+    return detect_launcher(config.launcher, master_addr=config.master_addr, master_port=config.master_port)

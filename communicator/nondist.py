@@ -89,6 +89,10 @@ class NonDistComm(Communicator):
         raise ValueError(f"src={src} is this rank; a single process has no peer to talk to")
 
     @override
+    def _shrunk(self, members: list[int], name: str) -> Communicator:
+        return NonDistComm(self.config, "shrink() of a world of one")
+
+    @override
     def _create_groups(self, groups: list[list[int]]) -> Communicator:
         if not groups:  # split(color=None): this process joined no group
             return NonMemberComm.outside(self, groups)

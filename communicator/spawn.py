@@ -1,4 +1,5 @@
-"""`launch`: run a function on N local ranks (gloo on 127.0.0.1) and get every rank's return value."""
+"""`launch`: run a function on N local ranks (gloo on 127.0.0.1, or a registered transport) and get every
+rank's return value."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from communicator.base import Communicator
 from communicator.config import CommConfig, ConfigLike
 from communicator.errors import CommTimeoutError, ConfigError, RemoteError, RemoteFailure
+from communicator.factory import check_hook
 from communicator.launchers import launcher_variables
 from communicator.launchers.local import free_port
 
@@ -48,6 +51,7 @@ def _rank_main(
     conn: mpc.Connection,
     env: Mapping[str, str],
     trace_path: str,
+    registered: type[Communicator] | None,
 ) -> None:
     # The ranks form a job of their own, also when launch() runs inside a torchrun, srun or mpirun
     # rank: nothing of the enclosing job's launcher may reach them (see launcher_variables).
@@ -69,9 +73,11 @@ def _rank_main(
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // nproc))
     trace_file = open(trace_path, "w")  # noqa: SIM115 - must stay open for faulthandler
     faulthandler.register(signal.SIGUSR1, file=trace_file, all_threads=True)
-    from communicator.base import Communicator
-
     try:
+        if cfg.type is not None and registered is not None:
+            # Unpickling the class imported its module; registering again covers a class registered
+            # elsewhere than at its module's import.
+            Communicator.register(cfg.type)(registered)
         with Communicator.create(cfg) as comm:
             result = fn(comm, *args)
         # Plain pickle: multiprocessing's would share tensors through file descriptors that die with this process.
@@ -120,6 +126,28 @@ def _check_sendable(fn: Callable[..., Any], args: Sequence[Any]) -> None:
         raise TypeError(f"launch(): args must be picklable to reach the ranks: {error}") from None
 
 
+def _registered_class(config: CommConfig) -> type[Communicator] | None:
+    """The class ``config.type`` names, checked here so that a misuse fails before any rank starts."""
+    if config.type is None:
+        return None
+    registered = Communicator.registered()
+    if config.type not in registered:
+        raise ConfigError(
+            f"launch(): type={config.type!r} is not registered in this process (registered: {sorted(registered)}); "
+            "import the module that registers it before calling launch()"
+        )
+    cls = registered[config.type]
+    check_hook(cls)
+    try:
+        pickle.dumps(cls)
+    except Exception as error:  # noqa: BLE001 - any pickling failure means the class cannot be imported by name
+        raise ConfigError(
+            f"launch(): type={config.type!r} is {cls.__qualname__}, which the ranks cannot import by name; "
+            f"define it at the top level of a module: {error}"
+        ) from None
+    return cls
+
+
 def _ranks_env(env: Mapping[str, str] | Callable[[int], Mapping[str, str]] | None, rank: int) -> dict[str, str]:
     if env is None:
         return {}
@@ -135,19 +163,27 @@ def launch(
     timeout: float | None = None,
     env: Mapping[str, str] | Callable[[int], Mapping[str, str]] | None = None,
     start_method: str = "forkserver",
+    on_failure: Literal["stop", "continue"] = "stop",
 ) -> list[Any]:
     """Run ``fn(comm, *args)`` on ``nproc`` local processes; return each rank's result in rank order.
 
     Each process gets torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, a
     free ``MASTER_PORT``, ...) plus ``env`` (a mapping, or a function of the rank), and runs ``fn``
-    inside ``Communicator.create(cfg)``. ``cfg=None`` means ``{"backend": "gloo"}``. Called in a
+    inside ``Communicator.create(cfg)``. ``cfg=None`` means ``{"backend": "gloo"}``; a ``cfg`` naming a
+    registered ``type`` builds that class on every rank (registered there too, by importing the
+    class's module), with nothing of gloo's forced on it. Called in a
     rank of a launched job (torchrun, ``srun``, ``mpirun``), it starts a job of its own: the
     launchers' variables of the caller's environment (``TORCHELASTIC_*``, ``SLURM_*``, ``OMPI_*``, ...;
     see :func:`communicator.launchers.launcher_variables`) do not reach the new ranks.
 
     Raises:
+        ConfigError: before any rank starts: ``cfg`` names a type that is not registered here, a
+            class the ranks cannot import, or one whose ``from_launcher`` is not a classmethod.
         RemoteError: a rank raised or died; it names the rank, its error and its traceback. The
             other ranks are released through the failure board and stopped after a short grace.
+            With ``on_failure="continue"`` nothing is raised for it: the other ranks run on (the
+            survivors may ``shrink()``), and a rank that raised or died gives its
+            :class:`~communicator.errors.RemoteFailure` in its place in the results.
         CommTimeoutError: ``timeout`` (seconds) passed; the message holds every rank's stack.
 
     Example:
@@ -160,11 +196,14 @@ def launch(
     """
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ConfigError(f"nproc={nproc!r} is invalid: expected a positive int")
+    if on_failure not in ("stop", "continue"):
+        raise ConfigError(f"on_failure={on_failure!r} is invalid: expected 'stop' or 'continue'")
     _refuse_rank_bootstrap()
     _check_sendable(fn, args)
     config = CommConfig.of(cfg if cfg is not None else {"backend": "gloo"})
     if config.launcher not in ("auto", "pytorch"):
         raise ConfigError(f"launch() starts torchrun-style ranks; launcher={config.launcher!r} cannot apply")
+    registered = _registered_class(config)
     ctx: Any = mp.get_context(start_method)
     if start_method == "forkserver":
         # Modules the ranks need anyway are imported once, in the fork server; pytest too when the
@@ -189,6 +228,7 @@ def launch(
                     child_end,
                     _ranks_env(env, rank),
                     os.path.join(workdir, f"rank{rank}.trace"),
+                    registered,
                 ),
                 name=f"communicator-rank{rank}",
                 daemon=True,
@@ -197,7 +237,7 @@ def launch(
             child_end.close()
             processes.append(process)
             connections.append(parent_end)
-        outcomes = _collect(processes, connections, timeout, workdir)
+        outcomes = _collect(processes, connections, timeout, workdir, on_failure == "stop")
     finally:
         for process in processes:
             if process.is_alive():
@@ -208,13 +248,19 @@ def launch(
             conn.close()
         shutil.rmtree(workdir, ignore_errors=True)
     failures = [o.failure for o in outcomes if o.failure is not None]
+    if on_failure == "continue":
+        return [o.value if o.failure is None else o.failure for o in outcomes]
     if failures:
         raise _launch_error(failures)
     return [o.value for o in outcomes]
 
 
 def _collect(
-    processes: list[mp.process.BaseProcess], connections: list[mpc.Connection], timeout: float | None, workdir: str
+    processes: list[mp.process.BaseProcess],
+    connections: list[mpc.Connection],
+    timeout: float | None,
+    workdir: str,
+    stop_on_failure: bool,
 ) -> list[_Outcome]:
     outcomes: dict[int, _Outcome] = {}
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -240,7 +286,7 @@ def _collect(
                 outcome = _receive(processes[r], connections[r], r, os.path.join(workdir, f"rank{r}.trace"))
                 if outcome is not None:
                     outcomes[r] = outcome
-                    if not outcome.ok and failed_at is None:
+                    if not outcome.ok and failed_at is None and stop_on_failure:
                         failed_at = time.monotonic()
     return [outcomes[r] for r in range(len(processes))]
 

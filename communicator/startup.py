@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-from communicator.config import CommConfig
+from communicator.config import CommConfig, store_address
 from communicator.errors import CommError, ConfigError
 from communicator.launchers import EnvironmentPatch, LauncherEnv, Topology, TorchrunEnv
 from communicator.launchers.local import free_port
@@ -67,8 +67,15 @@ class Started:
 _started = 0  # groups this process has started: every rank of a job counts the same way
 
 
-def _agent_store() -> bool:
-    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+def _outside_store(config: CommConfig, env: LauncherEnv) -> tuple[str, int, str] | None:
+    """Where a store outside the ranks runs, and the prefix of this job's keys there: the
+    configured one, else torchrun's agent's; ``None``: world rank 0 serves one."""
+    if config.store is not None:
+        host, port = store_address(config.store)
+        return host, port, f"communicator/job{env.master_port}/"
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return env.master_addr, env.master_port, "communicator/"
+    return None
 
 
 def _rendezvous_port(port: int) -> int:
@@ -92,11 +99,16 @@ def start(config: CommConfig, env: LauncherEnv) -> Started:
     host = f"[{env.master_addr}]" if ":" in env.master_addr else env.master_addr
     where = config.init_method or f"tcp://{host}:{env.master_port}"
     try:
-        if config.init_method is None and _agent_store():
-            # torchrun's agent serves the store on MASTER_PORT; every group started in this job gets
-            # keys of its own there, or a second group would meet the first one's stale keys.
-            agent = TCPStore(env.master_addr, env.master_port, is_master=False, timeout=config.timeout)
-            store = PrefixStore(f"communicator/start{_started}/", agent)
+        outside = _outside_store(config, env)
+        if config.init_method is None and outside is not None:
+            # A store outside the ranks (torchrun's agent's on MASTER_PORT, or config.store): every
+            # group started in this job gets keys of its own there, or a second group would meet
+            # the first one's stale keys (and, on a store of the user's, an earlier job's).
+            address, port, prefix = outside
+            if config.store is not None:
+                where = f"the store at {config.store}"
+            client = TCPStore(address, port, is_master=False, timeout=config.timeout)
+            store = PrefixStore(f"{prefix}start{_started}/", client)
             dist.init_process_group(
                 backend, store=store, rank=env.rank, world_size=env.world_size, timeout=config.timeout
             )

@@ -327,6 +327,25 @@ class TorchComm(Communicator):
                 mine = SubgroupComm(self, world_ranks, pair, name)
         return mine if mine is not None else NonMemberComm.outside(self, groups)
 
+    @override
+    def _shrunk(self, members: list[int], name: str) -> TorchComm:
+        """A world of its own over ``members``: new torch groups created by the members only (the
+        others may be dead), a namespace of its own under this one's, and the layout of the
+        members' hosts."""
+        board = self._controlled().board
+        world_ranks = tuple(self._scope.global_ranks[r] for r in members)
+        namespace = f"{self._scope.namespace}{board.name}{name}"
+        groups = Groups(self._backend, self.config.timeout)
+        group, companion = groups.pair(tuple(sorted(world_ranks)), f"communicator/{namespace}")
+        where = board.hosts.where([board.members[r] for r in members])
+        hosts = [where[board.members[r]][0] for r in members]
+        topology = Topology.from_hosts(members.index(self._rank), hosts)
+        store = PrefixStore(f"communicator/{namespace}", dist.distributed_c10d._get_default_store())
+        scope = GroupScope(group, companion, world_ranks, topology, groups, namespace, store)
+        shrunk = TorchComm(self.config, scope)
+        shrunk._reason = f"shrink() of {self.world_size} ranks to the {len(members)} that went on"
+        return shrunk
+
     def for_torch_group(self, group: dist.ProcessGroup) -> TorchComm:
         """A communicator over an existing torch group (created elsewhere), e.g. by ``dist.new_group``.
 

@@ -1,6 +1,7 @@
 """The public conformance suite (``communicator.testing.check_communicator``) on every communicator:
 NonDistComm, TorchComm (gloo), SubgroupComm, and the two examples of docs/custom.md that implement
-only the point-to-point: ranks as threads, and ranks as processes over sockets with a TCPStore."""
+only the point-to-point: ranks as threads, and ranks as processes over sockets with a TCPStore
+(registered as "socket" and started by ``launch``)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from communicator import Communicator, SubgroupComm
+from communicator import Communicator, SubgroupComm, launch
 from communicator.testing import check_communicator, run_ranks, run_single
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "examples"))
-from socket_comm import SocketComm, run_processes
+from socket_comm import SocketComm
 from thread_comm import ThreadComm, run_threads
 
 MEMBERS = [3, 1, 0]  # the subgroup's ranks in the world of four, in the subgroup's order
@@ -46,7 +47,7 @@ def threads(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
 
 
 def processes(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
-    return run_processes(fn, world, *args, timeout=30)
+    return launch(fn, world, {"type": "socket", "timeout": 30}, args, timeout=120)
 
 
 RUNNERS: dict[str, tuple[Callable[..., list[Any]], tuple[int, ...]]] = {

@@ -1,4 +1,4 @@
-"""``python -m communicator`` / ``communicator``: demo, info, check, bench and trace.
+"""``python -m communicator`` / ``communicator``: demo, info, check, bench, trace and store.
 
 Exit status: 0 for success, 1 when the command ran and found a failure, 2 for a usage error
 (argparse's convention); error messages go to stderr.
@@ -20,6 +20,7 @@ COMMANDS = {
     "check": "run every collective once across the ranks of a real job and report pass/fail",
     "bench": "time object and tensor collectives against torch.distributed and mmengine.dist",
     "trace": "merge the ranks' flight-recorder dumps and show where they diverged",
+    "store": "serve a rendezvous store outside the ranks, so that survivors of any lost rank can go on",
 }
 
 

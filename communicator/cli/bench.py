@@ -9,7 +9,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
-from communicator.bench import control_plane
+from communicator.bench import control_plane, recovery
 from communicator.bench.cases import CASE_NAMES
 from communicator.bench.measured import CaseRun, all_correct
 from communicator.bench.overhead import format_overhead, run_overhead
@@ -45,6 +45,7 @@ def _at_least(minimum: int) -> Callable[[str], int]:
 
 
 CONTROL_PLANE = "control-plane"
+RECOVERY = "recovery"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,11 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cases",
         nargs="+",
-        choices=(*CASE_NAMES, OVERHEAD, CONTROL_PLANE),
+        choices=(*CASE_NAMES, OVERHEAD, CONTROL_PLANE, RECOVERY),
         default=[*CASE_NAMES, OVERHEAD],
         metavar="CASE",
         help=f"cases to run (default all: {' '.join(CASE_NAMES)} {OVERHEAD}; also {CONTROL_PLANE}: the control"
-        " plane's store requests for virtual ranks)",
+        f" plane's store requests for virtual ranks; {RECOVERY}: a rank killed, the survivors shrink)",
     )
     parser.add_argument(
         "--ranks",
@@ -155,6 +156,12 @@ def run(args: argparse.Namespace) -> int:
             control_plane.plot(results, args.plot)
         record[CONTROL_PLANE] = [{**dataclasses.asdict(r), "knows_within": r.knows_within} for r in results]
     try:
+        if RECOVERY in args.cases:
+            rounds = 2 if args.quick else (args.repeat or 5)
+            recovered = recovery.run(args.world_size, rounds, args.timeout)
+            print(f"a rank killed, the survivors shrink: seconds from the death, median of {rounds} rounds")
+            print(recovery.format_table([recovered]))
+            record[RECOVERY] = dataclasses.asdict(recovered)
         if cases:
             runs, statistics = run_benchmark(plan, args.timeout)
             more = f" ({plan.max_repeat} for targets within noise)" if plan.max_repeat > plan.repeat else ""
@@ -162,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             _print_report(runs, args.quick)
             if statistics is not None:
                 print(f"\nrank 0's operations in the cases, every call (comm.stats())\n{statistics}")
-            record = to_json(plan, runs, args.quick)
+            record = {**record, **to_json(plan, runs, args.quick)}
         if overhead:
             rounds = QUICK_ROUNDS if args.quick else args.rounds
             cap = rounds if args.quick else (args.max_rounds or MAX_FACTOR * rounds)

@@ -28,6 +28,7 @@ from communicator.errors import (
     PeerLostError,
     RemoteError,
     RemoteFailure,
+    RevokedError,
 )
 
 __all__ = ["ECHOES", "FailureBoard", "backoff"]
@@ -80,6 +81,7 @@ class FailureBoard:
         self._children = 0
         self._released = False
         self._mismatch_raised = False
+        self._revoked_by: int | None = None
 
     def _lineage(self) -> dict[str, bool]:
         """The names this board heeds: its own (every record) and its ancestors' (failures only)."""
@@ -151,6 +153,11 @@ class FailureBoard:
                     return
                 time.sleep(pause())
 
+    def post_revoke(self, rank: int) -> None:
+        """Announce that ``rank`` revoked the communicator: every member's operations raise."""
+        self._revoked_by = rank if self._revoked_by is None else self._revoked_by
+        self._post("revoke", rank)
+
     def post_lost(self, rank: int, peer: int, why: str) -> None:
         """Announce that local rank ``peer``'s process is gone (found by ``rank``)."""
         self._post("lost", rank, peer=peer, why=why)
@@ -194,6 +201,8 @@ class FailureBoard:
             self._mismatch = CollectiveMismatchError(dict(sorted(sides.items())), str(record["what"]))
             with contextlib.suppress(Exception):  # its poster waits for this before it leaves
                 self._store.add(f"{self.name}mismatch-read", 1)
+        elif kind == "revoke" and self._revoked_by is None:
+            self._revoked_by = rank
         elif kind == "lost":
             self._lost.setdefault(int(record["peer"]), str(record["why"]))
         elif kind == "closed":
@@ -213,6 +222,8 @@ class FailureBoard:
 
     def raise_known(self, rank: int, seq: int, what: str) -> None:
         """Raise what the records read so far say (no request)."""
+        if self._revoked_by is not None:
+            raise RevokedError(f"{what} on rank {rank}: rank {self._revoked_by} revoked the communicator")
         if self._mismatch is not None:
             self._mismatch_raised = True  # closing lingers until the others read it
             raise self._mismatch
@@ -240,6 +251,15 @@ class FailureBoard:
             if peer is not None and peer != rank and peer not in self._closed and not alive(pid):
                 dead[peer] = pid
         return dead
+
+    @property
+    def keys(self) -> StoreHandle:
+        """The store this board's keys live in (each under :attr:`name`)."""
+        return self._store
+
+    def lost(self) -> dict[int, str]:
+        """Peers reported lost, as read so far: ``rank -> why``."""
+        return dict(self._lost)
 
     def closed(self) -> dict[int, tuple[int, str]]:
         """Peers that closed, as read so far: ``rank -> (collectives completed, the last one)``."""

@@ -68,6 +68,9 @@ class StoreHandle:
     def multi_get(self, keys: list[str]) -> list[bytes]:
         return self.store.multi_get(keys)
 
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        return self.store.compare_set(key, expected, desired)
+
     def append(self, key: str, value: str) -> None:
         self.store.append(key, value)  # type: ignore[attr-defined]  # every torch store has it; its stubs do not
 

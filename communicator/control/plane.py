@@ -13,6 +13,7 @@ from communicator.control.board import FailureBoard
 from communicator.control.liveness import Hosts
 from communicator.control.log import EventLog, Store, StoreHandle
 from communicator.control.stalls import Watch, Watcher
+from communicator.control.survivors import Survivors
 from communicator.control.waiting import TransferWaiter, translate, wait
 from communicator.errors import CollectiveMismatchError, CommError, RemoteFailure
 from communicator.guard import CallState
@@ -63,6 +64,7 @@ class Control:
         self.watch = Watch(world.watcher, board, calls, config.stall_seconds)
         self.transfers = TransferWaiter()
         self.broken: CommError | None = None
+        self.survivors = Survivors(board, rank)
         world.users += 1
 
     @classmethod

@@ -3,30 +3,38 @@
 ``SocketComm`` moves tensors as framed bytes between processes, without ``torch.distributed``
 for data. It implements ``rank``, ``world_size``, ``_isend``, ``_irecv`` and ``_control_store``
 (a ``torch.distributed.TCPStore``, through which the base class signals failures, closings and
-stalls); every collective, object operation and subgroup is the base class's. ``run_processes``
-runs a function on ``world`` local processes, as ``launch`` runs one on gloo ranks.
+stalls); every collective, object operation and subgroup is the base class's. Registered as
+``"socket"`` with the hook ``from_launcher``, it is what ``Communicator.create({"type": "socket"})``
+builds under ``launch()``, torchrun, srun or mpirun: rank 0 serves the store at the launcher's
+master address and port (under torchrun, whose agent serves one there, every rank joins that).
+Its ranks listen on 127.0.0.1, so they must share one machine.
 
-Run it with ``python docs/examples/socket_comm.py``.
+Run it with ``python docs/examples/socket_comm.py`` (``launch`` starts four ranks), or as one rank
+of a launcher's job: ``torchrun --nproc-per-node 3 docs/examples/socket_comm.py``.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
+import itertools
+import os
 import queue
 import socket
 import threading
+import time
 from collections import defaultdict
-from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Self
 
 import torch
-from torch.distributed import TCPStore
+from torch.distributed import PrefixStore, Store, TCPStore
 
-from communicator import CommConfig, Communicator
+from communicator import CommConfig, Communicator, launch
 from communicator.handles import DONE, Work
+from communicator.launchers import LauncherEnv
 
 _CLOSED = "Connection closed by peer"  # the text the base class reads as a lost peer
+_BUILT = itertools.count()  # every rank builds its communicators in the same order: one store prefix each
 
 
 class Received:
@@ -42,7 +50,7 @@ class Received:
             try:
                 data = box.get(timeout=1.0 if timeout is None else min(timeout.total_seconds(), 1.0))
             except queue.Empty:
-                if self.key[0] in self.comm._closed and box.empty():
+                if self.key[0] in self.comm._gone and box.empty():
                     raise RuntimeError(f"{_CLOSED}: rank {self.key[0]}") from None
                 if timeout is not None:
                     return False
@@ -55,14 +63,17 @@ class Received:
         return self.done or not self.comm._mailbox(*self.key).empty()
 
 
+@Communicator.register("socket")
 class SocketComm(Communicator):
-    """Rank ``rank`` of ``size`` processes; ``store`` is a ``TCPStore`` they all reach."""
+    """Rank ``rank`` of ``size`` processes; ``store`` is a store they all reach (``hosts``: served here)."""
 
-    def __init__(self, store: TCPStore, rank: int, size: int, config: CommConfig | None = None) -> None:
+    def __init__(
+        self, store: Store, rank: int, size: int, config: CommConfig | None = None, hosts: bool = False
+    ) -> None:
         super().__init__(config)
-        self._store, self._rank, self._size = store, rank, size
+        self._store, self._rank, self._size, self._hosts = store, rank, size, hosts
         self._boxes: defaultdict[tuple[int, int], queue.SimpleQueue[bytes]] = defaultdict(queue.SimpleQueue)
-        self._lock, self._closed = threading.Lock(), set[int]()
+        self._lock, self._gone = threading.Lock(), set[int]()  # peers whose connection closed
         listener = socket.create_server(("127.0.0.1", 0))
         store.set(f"address/{rank}", str(listener.getsockname()[1]))
         self._peers: dict[int, socket.socket] = {}
@@ -77,6 +88,13 @@ class SocketComm(Communicator):
         for peer, connection in self._peers.items():
             threading.Thread(target=self._read_from, args=(peer, connection), daemon=True).start()
 
+    @classmethod
+    def from_launcher(cls, config: CommConfig, launcher: LauncherEnv) -> Self:
+        """What ``create({"type": "socket"})`` calls, with the launcher's view of this process."""
+        hosts = launcher.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+        store = TCPStore(launcher.master_addr, launcher.master_port, launcher.world_size, hosts, timeout=config.timeout)
+        return cls(PrefixStore(f"socket{next(_BUILT)}/", store), launcher.rank, launcher.world_size, config, hosts)
+
     @property
     def rank(self) -> int:
         return self._rank
@@ -85,7 +103,7 @@ class SocketComm(Communicator):
     def world_size(self) -> int:
         return self._size
 
-    def _control_store(self) -> TCPStore:
+    def _control_store(self) -> Store:
         return self._store
 
     def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
@@ -101,6 +119,12 @@ class SocketComm(Communicator):
     def _teardown(self, error: BaseException | None) -> None:
         for connection in self._peers.values():
             connection.close()
+        with contextlib.suppress(Exception):  # the store's process may be gone
+            self._store.add("left", 1)
+            # Serving the store, this process stays until the others, which may still read it, left.
+            deadline = time.monotonic() + (5.0 if error else self.config.timeout.total_seconds())
+            while self._hosts and self._store.add("left", 0) < self._size and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def _mailbox(self, src: int, tag: int) -> queue.SimpleQueue[bytes]:
         with self._lock:
@@ -114,7 +138,7 @@ class SocketComm(Communicator):
                 self._mailbox(peer, tag).put(stream.read(size))
         except (OSError, ValueError):
             pass  # closed here or there
-        self._closed.add(peer)
+        self._gone.add(peer)
 
 
 def _read(connection: socket.socket, size: int) -> bytes:
@@ -124,51 +148,33 @@ def _read(connection: socket.socket, size: int) -> bytes:
     return data
 
 
-def _rank_main(fn: Callable[..., Any], rank: int, world: int, port: int, timeout: float, args: Any, out: Any) -> None:
-    store = TCPStore("127.0.0.1", port, world, False, timeout=timedelta(seconds=timeout))
-    try:
-        with SocketComm(store, rank, world, CommConfig(timeout=timeout)) as comm:
-            out.put((rank, True, fn(comm, *args)))
-    except BaseException as error:  # noqa: BLE001 - reported to the parent
-        out.put((rank, False, f"{type(error).__name__}: {error}"))
-
-
-def run_processes(fn: Callable[..., Any], world: int, *args: Any, timeout: float = 60.0) -> list[Any]:
-    """``fn(comm, *args)`` on ``world`` local processes (``fn`` importable); results in rank order.
-    A rank's exception is raised here as a ``RuntimeError`` naming it."""
-    store = TCPStore("127.0.0.1", 0, world, True, wait_for_workers=False)  # held here: it outlives any rank
-    context = multiprocessing.get_context("spawn")
-    out = context.Queue()
-    ranks = [
-        context.Process(target=_rank_main, args=(fn, r, world, store.port, timeout, args, out)) for r in range(world)
-    ]
-    for process in ranks:
-        process.start()
-    try:
-        reports = sorted(out.get(timeout=timeout * 2 + 30) for _ in ranks)
-    finally:
-        for process in ranks:
-            process.join(timeout=10)
-            if process.is_alive():
-                process.kill()
-    failed = [f"rank {rank}: {value}" for rank, ok, value in reports if not ok]
-    if failed:
-        raise RuntimeError("; ".join(failed))
-    return [value for _, _, value in reports]
-
-
 def demo(comm: Communicator) -> tuple[Any, ...]:
     total = comm.all_reduce(torch.tensor([float(comm.rank)]))
     pair = comm.split(color=comm.rank // 2)
-    return total.item(), comm.all_gather_object(comm.rank), pair.all_gather_object(comm.rank)
+    return type(comm).__name__, total.item(), comm.all_gather_object(comm.rank), pair.all_gather_object(comm.rank)
 
 
-def main() -> list[Any]:
-    results = run_processes(demo, 4)
-    assert results[0] == (6.0, [0, 1, 2, 3], [0, 1])
-    for rank, result in enumerate(results):
-        print(f"rank {rank}: {result}")
-    return results
+def expected(rank: int, world: int) -> tuple[Any, ...]:
+    """What ``demo`` returns on ``rank`` of ``world``, from the rank numbers alone."""
+    first = rank // 2 * 2
+    return "SocketComm", float(sum(range(world))), list(range(world)), list(range(first, min(first + 2, world)))
+
+
+def report(rank: int, world: int, result: tuple[Any, ...]) -> None:
+    assert result == expected(rank, world), (rank, world, result)
+    print(f"rank {rank} of {world}: {result}")
+
+
+def main() -> None:
+    # Under torchrun, srun or mpirun this process is one rank; as a plain script it is a world of one,
+    # and launch() starts four ranks instead.
+    with Communicator.create({"type": "socket"}) as comm:
+        launched = comm.is_distributed
+        if launched:
+            report(comm.rank, comm.world_size, demo(comm))
+    if not launched:
+        for rank, result in enumerate(launch(demo, 4, {"type": "socket"})):
+            report(rank, 4, result)
 
 
 if __name__ == "__main__":

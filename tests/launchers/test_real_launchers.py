@@ -312,3 +312,13 @@ def test_sbatch_job_runs_srun_steps(tmp_path: Path) -> None:
     assert "job exit 0" in output and "check exit 0" in output, report
     _assert_ok_lines(output, "slurm", 2, report)
     _assert_check_passed(output, "slurm", 2, report)
+
+
+def test_srun_without_kill_on_bad_exit_lets_the_survivors_shrink_and_go_on() -> None:
+    """Slurm lets the others run on after a task dies (``--kill-on-bad-exit=0``): they shrink."""
+    _tool("srun")
+    command = ["srun", "-N1", "-n3", "--kill-on-bad-exit=0", sys.executable, str(SCRIPTS / "survivor_job.py")]
+    code, output, report = _launch(command, _clean_environ())
+    survived = sorted(re.findall(r"SURVIVED old=\d+ new=\d+ world=\d+ sum=\S+", output))
+    assert survived == ["SURVIVED old=0 new=0 world=2 sum=1", "SURVIVED old=1 new=1 world=2 sum=1"], report
+    assert code != 0, report  # srun reports the killed task when the step ends
