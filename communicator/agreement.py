@@ -31,7 +31,7 @@ import torch
 
 from communicator.arguments import CHECK_TAG
 from communicator.errors import CollectiveMismatchError
-from communicator.events import OP
+from communicator.observe.events import OP
 
 __all__ = ["MAX_KEYS", "SAMPLE", "Agreement", "agree", "key"]
 

@@ -61,7 +61,7 @@ from torch.distributed.distributed_c10d import PrefixStore
 
 import communicator.derived as derived
 import communicator.dicts as dicts
-import communicator.objects as protocol
+import communicator.objects.protocol as protocol
 import communicator.shapes as shapes
 from communicator.agreement import agree, key
 from communicator.arguments import (
@@ -83,14 +83,15 @@ from communicator.factory import SINGLE, build, decide
 from communicator.fingerprints import check_fingerprints, fingerprint
 from communicator.guard import CallState, Spec, collective, guarded
 from communicator.handles import DONE, Handle, Work
-from communicator.observe import Observation
+from communicator.objects import make_codec
+from communicator.objects.codec import Codec
+from communicator.observe.observation import Observation
 from communicator.ops import ReduceOpLike, check_op_dtype, divide_exactly, is_floating, parse_op
 from communicator.ranks import RankQueries
 from communicator.recovery import Recovery, unusable
 from communicator.results import check_arguments, merge_parts
-from communicator.serialization import Codec, make_codec
 from communicator.splits import Splitting
-from communicator.tensors import editing, stage, while_editing, write_back
+from communicator.staging import editing, stage, while_editing, write_back
 
 __all__ = ["Communicator"]
 
@@ -139,7 +140,7 @@ class Communicator(
         self._codec: Codec = make_codec(self.config.serializer, self.config.trusted, self.config.safe_max_expansion)
         self._reason = ""
         self._calls = CallState(self.config.trace_events)  # the guard's: see communicator.guard
-        self._stats = self._observe()  # see communicator.observe
+        self._stats = self._observe()  # see communicator.observe.observation
         self._closed = False
         self._children: list[Communicator] = []
         self._local: Communicator | None = None
@@ -381,7 +382,7 @@ class Communicator(
             self._calls.refusal = lambda what: unusable(what, broken)
 
     def _await(self, works: Sequence[Work], timeout: float | None = None) -> None:
-        """``_wait``, its time counted as the running operation's wait (see :mod:`communicator.stats`)."""
+        """``_wait``, its time counted as the running operation's wait (see :mod:`communicator.observe.stats`)."""
         event = self._calls.event if CallState.observers else None  # waits are timed for statistics and hooks
         if event is None:
             return self._wait(works, timeout)
@@ -471,6 +472,11 @@ class Communicator(
             self._port = protocol.Port(self._object_channel(), self._codec, receive, self.config.object_buffer_bytes)
         self._port.event = self._calls.event if CallState.observers else None  # as _await's timing
         return self._port
+
+    def _object_collectives(self) -> protocol.Collectives:
+        """What runs an object collective once the base has checked its arguments: the object
+        protocol over :meth:`_objects` (``NonDistComm``: the identity, nothing serialised)."""
+        return self._objects()
 
     def _compare_fingerprints(self, op: str, arguments: Mapping[str, Any], site: str) -> None:
         """Debug mode: every rank shows its call; any difference raises on every rank."""
@@ -868,7 +874,7 @@ class Communicator(
         """Receive into ``tensor`` from rank ``src`` (blocking) and return it."""
         return self.irecv(tensor, src, tag).wait()
 
-    # -- object collectives: every one is the protocol of :mod:`communicator.objects` ------------
+    # -- object collectives: checked here, run by _object_collectives (the object protocol) -----
 
     @collective()
     def all_gather_object(self, obj: T) -> list[T]:
@@ -885,7 +891,7 @@ class Communicator(
             # one process: [obj]
             ```
         """
-        return protocol.all_gather_object(self._objects(), obj)
+        return self._object_collectives().all_gather_object(obj)
 
     @collective("dst")
     def gather_object(self, obj: T, dst: int = 0) -> list[T] | None:
@@ -900,7 +906,7 @@ class Communicator(
             ```
         """
         dst = check_rank("dst", dst, self.world_size)
-        return protocol.gather_object(self._objects(), obj, dst)
+        return self._object_collectives().gather_object(obj, dst)
 
     @collective("src")
     def broadcast_object(self, obj: T, src: int = 0) -> T:
@@ -914,7 +920,7 @@ class Communicator(
             ```
         """
         src = check_rank("src", src, self.world_size)
-        return protocol.broadcast_object(self._objects(), obj, src)
+        return self._object_collectives().broadcast_object(obj, src)
 
     @collective("objects:len", "src")
     def broadcast_object_list(self, objects: list[Any], src: int = 0) -> list[Any]:
@@ -930,7 +936,14 @@ class Communicator(
         """
         if not isinstance(objects, list):
             raise TypeError(f"broadcast_object_list needs a list, got {type(objects).__name__}")
-        return protocol.broadcast_object_list(self._objects(), objects, check_rank("src", src, self.world_size))
+        src = check_rank("src", src, self.world_size)
+        received: list[Any] = self._object_collectives().broadcast_object(objects if self.rank == src else [], src)
+        if len(received) != len(objects):
+            raise ValueError(
+                f"broadcast_object_list: rank {self.rank} has {len(objects)} items, src {src} sent {len(received)}"
+            )
+        objects[:] = received
+        return objects
 
     @collective("src")
     def scatter_object(self, objects: Sequence[T] | None, src: int = 0) -> T:
@@ -944,7 +957,7 @@ class Communicator(
             ```
         """
         src = check_rank("src", src, self.world_size)
-        return protocol.scatter_object(self._objects(), objects, src)
+        return self._object_collectives().scatter_object(objects, src)
 
     @collective(p2p=True)
     def send_object(self, obj: Any, dst: int) -> None:
@@ -953,7 +966,7 @@ class Communicator(
         If ``obj`` cannot be serialised, this rank raises and the receiver gets a ``RemoteError``.
         """
         dst = check_peer("dst", dst, self.rank, self.world_size)
-        protocol.send_object(self._objects(), obj, dst)
+        self._objects().send_object(obj, dst)
 
     @collective(p2p=True)
     def recv_object(self, src: int) -> Any:
@@ -966,7 +979,7 @@ class Communicator(
             ```
         """
         src = check_peer("src", src, self.rank, self.world_size)
-        return protocol.recv_object(self._objects(), src)
+        return self._objects().recv_object(src)
 
     # -- derived operations --------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from typing import ParamSpec, Protocol, TypeVar
 from communicator.config import Timeout, seconds
 from communicator.errors import CollectiveMismatchError, RemoteError, RemoteFailure
 from communicator.guard import CallState, collective
-from communicator.objects import EMPTY, Port, check_records, empty_record
+from communicator.objects.protocol import EMPTY, Port, check_records, empty_record
 from communicator.seeds import draw_seed, rng_digest
 
 __all__ = ["Coordinated", "Coordination"]

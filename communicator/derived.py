@@ -33,7 +33,7 @@ import torch
 
 from communicator.arguments import COLLECTIVE_TAG
 from communicator.handles import DONE, Work
-from communicator.tensors import while_editing
+from communicator.staging import while_editing
 
 
 class Peers(Protocol):

@@ -21,7 +21,7 @@ from communicator.errors import CollectiveMismatchError
 from communicator.ops import ReduceOpLike, check_op_dtype, is_floating, parse_op
 
 if TYPE_CHECKING:
-    from communicator.objects import Channel
+    from communicator.objects.protocol import Channel
 
 
 class Reducer(Protocol):

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol, cast
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 import torch.distributed as dist
 
@@ -23,8 +23,7 @@ from communicator.errors import ConfigError
 from communicator.launchers import LAUNCHERS, LauncherEnv, detect_launcher
 from communicator.startup import resolve_backend, world_of_one
 
-if TYPE_CHECKING:
-    from communicator.base import Communicator
+T = TypeVar("T")
 
 __all__ = ["SINGLE", "TORCH", "Decision", "FromLauncher", "build", "check_hook", "decide"]
 
@@ -47,7 +46,7 @@ class FromLauncher(Protocol):
     """
 
     @classmethod
-    def from_launcher(cls, config: CommConfig, launcher: LauncherEnv) -> Communicator: ...
+    def from_launcher(cls, config: CommConfig, launcher: LauncherEnv) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +59,7 @@ class Decision:
     launcher: LauncherEnv | None = None
 
 
-def decide(config: CommConfig, registered: Mapping[str, type[Communicator]]) -> Decision:
+def decide(config: CommConfig, registered: Mapping[str, type[Any]]) -> Decision:
     """The decision for ``config`` in this process (``registered``: the registered classes by name).
 
     Raises:
@@ -90,7 +89,7 @@ def decide(config: CommConfig, registered: Mapping[str, type[Communicator]]) -> 
     return Decision(TORCH, backend, f"{env.explain()}: start and own a {backend} group", env)
 
 
-def check_hook(cls: type[Communicator]) -> bool:
+def check_hook(cls: Callable[..., Any]) -> bool:
     """Whether ``cls`` has a ``from_launcher`` hook (raising ``ConfigError`` when it is not a classmethod)."""
     hook = inspect.getattr_static(cls, _HOOK, None)
     if hook is None:
@@ -103,14 +102,15 @@ def check_hook(cls: type[Communicator]) -> bool:
     return True
 
 
-def build(cls: type[Communicator], config: CommConfig) -> Communicator:
+def build(cls: Callable[[CommConfig], T], config: CommConfig) -> T:
     """What ``cls.from_config(config)`` does by default: ``cls.from_launcher(config, launcher)`` with
     the launcher this process was started by (a world of one without one) where the class has that
     hook, else ``cls(config)``. A launcher's missing or malformed variables raise ``ConfigError``
     before the hook runs."""
     if not check_hook(cls):
         return cls(config)
-    return cast(FromLauncher, cls).from_launcher(config, _launcher(config) or world_of_one())
+    made: T = getattr(cls, _HOOK)(config, _launcher(config) or world_of_one())
+    return made
 
 
 def _launcher(config: CommConfig) -> LauncherEnv | None:

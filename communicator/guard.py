@@ -11,7 +11,7 @@ cannot lose it. For each outermost call the guard
 - in debug mode, compares a fingerprint of the call across ranks before any data moves;
 - tells the peers when this rank refuses its arguments before communicating, so that ranks
   already waiting in the operation are released;
-- records the call as an :class:`~communicator.events.Event` in the flight recorder, and hands
+- records the call as an :class:`~communicator.observe.events.Event` in the flight recorder, and hands
   it to the statistics, the hooks and torch's profiler when they are on (each costs one check
   when it is off);
 - refuses an operation issued by a hook on a communicator whose operations that hook observes:
@@ -36,9 +36,9 @@ import torch
 
 from communicator.agreement import Agreement
 from communicator.errors import CommError
-from communicator.events import RECEIVED, RUNNING, SENT, SIZE, Event, FlightRecorder, finish
 from communicator.fingerprints import describe_arguments
-from communicator.stats import Statistics
+from communicator.observe.events import RECEIVED, RUNNING, SENT, SIZE, Event, FlightRecorder, finish
+from communicator.observe.stats import Statistics
 
 __all__ = ["CallState", "Hook", "Spec", "collective", "guarded"]
 
@@ -65,7 +65,7 @@ class Spec(NamedTuple):
 
 
 class Hook(NamedTuple):
-    """Callables run with each operation's :class:`~communicator.events.Event`: ``pre`` before it
+    """Callables run with each operation's :class:`~communicator.observe.events.Event`: ``pre`` before it
     runs, ``post`` after it finished (or failed)."""
 
     pre: Callable[[Event], None] | None
@@ -127,7 +127,7 @@ class CallState:
         self.seq = 0  # collectives entered so far: the same on every rank of a correct program
         self.launched = False  # whether the running operation has started communicating
         self.refusal: Callable[[str], CommError] | None = None  # why operations are refused, when they are
-        self.running: list[Any] | None = None  # the running operation's record (see communicator.events)
+        self.running: list[Any] | None = None  # the running operation's record (see communicator.observe.events)
         self.recorder = FlightRecorder(maxlen=events)
         self.group = "world"  # the communicator's name in events: "world", or its world ranks
         self.sinks: list[Statistics] = []  # statistics being gathered (the configuration's, open profiles)
@@ -173,7 +173,7 @@ class CallState:
         elif isinstance(value, (list, tuple)):
             tensors = [t for t in value if isinstance(t, torch.Tensor)]
             shapes, dtypes = tuple([t.shape for t in tensors]), tuple([t.dtype for t in tensors])
-        # A record, laid out as communicator.events numbers its positions
+        # A record, laid out as communicator.observe.events numbers its positions
         record = [spec.name, spec.p2p, self.seq, home, sys._getframe(2), shapes, dtypes, _clock(), RUNNING,
                   None, 0.0, 0.0, 0.0, 0.0, 0, 0, 0]  # fmt: skip
         self.running = record
@@ -193,7 +193,7 @@ class CallState:
         return record
 
     def count(self, sent: int, received: int, size: int) -> None:
-        """Add bytes to the running operation's record (``size``: see :mod:`communicator.stats`)."""
+        """Add bytes to the running operation's record (``size``: see :mod:`communicator.observe.stats`)."""
         record = self.running
         if record is not None and CallState.observers:  # bytes are for statistics and hooks
             if self.home[2] > 1:  # in a world of one, nothing moves

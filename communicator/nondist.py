@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 from typing_extensions import override
 
-from communicator.arguments import check_peer, check_rank
 from communicator.base import Communicator
 from communicator.config import CommConfig
 from communicator.factory import SINGLE
 from communicator.handles import DONE, Work
 from communicator.nonmember import NonMemberComm
+from communicator.objects.protocol import Collectives, check_scatter_list
 
 __all__ = ["NonDistComm"]
 
@@ -27,8 +27,8 @@ class NonDistComm(Communicator):
     Every public operation is the base class's own, over primitives that have nothing to
     exchange, so arguments are checked exactly as a distributed communicator checks them (a bad
     op, an out-of-range rank or a sparse tensor raises the same error) and results have the same
-    types: code tested with it behaves the same under a launcher. Object methods return their
-    input without serialising it.
+    types: code tested with it behaves the same under a launcher. Object methods, checked by the
+    base too, return their input without serialising it.
     """
 
     def __init__(self, config: CommConfig | None = None, reason: str = "") -> None:
@@ -104,40 +104,29 @@ class NonDistComm(Communicator):
         """A single process is its own node."""
         return self
 
-    # -- object methods: the identity, without serialising ---------------------------------------
+    # -- object collectives: the identity, without serialising ---------------------------------
 
     @override
+    def _object_collectives(self) -> Collectives:
+        """The base checks the arguments as for any communicator; the objects stay as they are."""
+        return _IDENTITY
+
+
+class _Identity:
+    """The object collectives of a world of one: every result is the caller's own object (not a
+    copy), so nothing is serialised and an object that cannot be pickled works too."""
+
     def all_gather_object(self, obj: T) -> list[T]:
         return [obj]
 
-    @override
-    def gather_object(self, obj: T, dst: int = 0) -> list[T] | None:
-        check_rank("dst", dst, 1)
+    def gather_object(self, obj: T, dst: int) -> list[T] | None:
         return [obj]
 
-    @override
-    def broadcast_object(self, obj: T, src: int = 0) -> T:
-        check_rank("src", src, 1)
+    def broadcast_object(self, obj: T, src: int) -> T:
         return obj
 
-    @override
-    def broadcast_object_list(self, objects: list[Any], src: int = 0) -> list[Any]:
-        if not isinstance(objects, list):
-            raise TypeError(f"broadcast_object_list needs a list, got {type(objects).__name__}")
-        check_rank("src", src, 1)
-        return objects
+    def scatter_object(self, objects: Sequence[T] | None, src: int) -> T:
+        return check_scatter_list(objects, 1)[0]
 
-    @override
-    def scatter_object(self, objects: Sequence[T] | None, src: int = 0) -> T:
-        check_rank("src", src, 1)
-        if objects is None or isinstance(objects, (str, bytes)) or len(objects) != 1:
-            raise ValueError("scatter_object: src must pass a sequence of 1 object (one per rank)")
-        return objects[0]
 
-    @override
-    def send_object(self, obj: Any, dst: int) -> None:
-        check_peer("dst", dst, 0, 1)
-
-    @override
-    def recv_object(self, src: int) -> Any:
-        check_peer("src", src, 0, 1)
+_IDENTITY = _Identity()

@@ -22,7 +22,7 @@ import torch
 
 from communicator.errors import CollectiveMismatchError
 from communicator.ops import WIRE_DTYPES
-from communicator.tensors import editing
+from communicator.staging import editing
 
 __all__ = ["GATHER_RECORD_BYTES", "META_BYTES", "Meta", "addressed_to", "agree", "describe", "outputs", "read"]
 

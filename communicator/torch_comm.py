@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import PrefixStore
 from typing_extensions import override
 
+import communicator.gloo_dtypes as wire
 import communicator.startup as startup
-import communicator.wire as wire
 from communicator.arguments import TRANSFER_TAG
 from communicator.base import Communicator
 from communicator.config import CommConfig
@@ -29,7 +29,7 @@ from communicator.groups import GroupPair, Groups
 from communicator.handles import Work
 from communicator.launchers import Topology, detect_launcher
 from communicator.nonmember import NonMemberComm
-from communicator.transfer import Pending
+from communicator.objects.frames import Pending
 
 __all__ = ["GroupScope", "SubgroupComm", "TorchComm"]
 

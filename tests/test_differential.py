@@ -14,8 +14,8 @@ import torch
 import torch.distributed as torch_dist
 
 from communicator import Communicator
+from communicator.gloo_dtypes import UNSUPPORTED
 from communicator.ops import REDUCE_OPS, WIRE_DTYPES
-from communicator.wire import UNSUPPORTED
 
 pytestmark = pytest.mark.world_size(2, 3)
 

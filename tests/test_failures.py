@@ -19,7 +19,8 @@ from communicator import (
     PeerLostError,
     RemoteError,
 )
-from communicator.serialization import PickleCodec, UnsafePayloadError
+from communicator.objects.codec import PickleCodec
+from communicator.objects.safe import UnsafePayloadError
 from communicator.testing import run_ranks
 
 # A released rank must not wait for the collective timeout (30 min by default); these bounds are

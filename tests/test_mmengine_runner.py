@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,8 +118,10 @@ def test_runner_under_torchrun(tmp_path: Path) -> None:
     command += [f"--master-port={free_port()}", str(script), str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=environ, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-4000:]
-    lines = [line.split(" ", 2) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    ranks = [json.loads(result) for _, _, result in sorted(lines, key=lambda parts: int(parts[1]))]
+    # Both ranks write to one pipe: a rank's log line may run into a result, before or after it.
+    decode = json.JSONDecoder().raw_decode
+    found = {int(m.group(1)): decode(done.stdout, m.end())[0] for m in re.finditer(r"RESULT (\d+) ", done.stdout)}
+    ranks = [found[rank] for rank in sorted(found)]
     assert len(ranks) == 2, done.stdout
     check_ranks(ranks)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import time
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ import torch
 
 from communicator import CollectiveMismatchError, Communicator, RemoteError
 from communicator.equality import same_value as _same
+from communicator.testing import run_ranks, run_single
 
 pytestmark = pytest.mark.world_size(1, 2, 3, 4)
 
@@ -358,3 +360,63 @@ def test_object_collectives_memory_is_bounded() -> None:
     assert grown[0]["broadcast_object"] <= BUFFER + margin, grown[0]["broadcast_object"] / MiB
     for rank in range(1, world):  # the source's frame, received once, in place
         assert grown[rank]["broadcast_object"] <= PAYLOAD + margin, grown[rank]["broadcast_object"] / MiB
+
+
+_NOT_A_RANK = "must be an int rank of this communicator, got"
+#: A bad argument of each object method, and its error on a world of ``w`` ranks (the last is ``w - 1``).
+BAD_OBJECT_ARGUMENTS: list[tuple[Callable[[Communicator], object], str]] = [
+    (lambda comm: comm.gather_object(1, dst="0"), f"TypeError: dst {_NOT_A_RANK} str"),
+    (lambda comm: comm.broadcast_object(1, src=1.5), f"TypeError: src {_NOT_A_RANK} float"),
+    (lambda comm: comm.broadcast_object_list((1,)), "TypeError: broadcast_object_list needs a list, got tuple"),
+    (lambda comm: comm.broadcast_object_list([1], src=True), f"TypeError: src {_NOT_A_RANK} bool"),
+    (
+        lambda comm: comm.scatter_object(None, src=0),
+        "ValueError: scatter_object: src must pass a sequence of {w} objects, got None",
+    ),
+    (
+        lambda comm: comm.scatter_object("ab", src=0),
+        "ValueError: scatter_object: src must pass a sequence of {w} objects, got str of length 2",
+    ),
+    (lambda comm: comm.send_object(1, dst=None), f"TypeError: dst {_NOT_A_RANK} NoneType"),
+    (
+        lambda comm: comm.recv_object(src=comm.world_size),
+        "ValueError: src={w} is out of range: expected a rank in 0..{last} of this communicator",
+    ),
+]
+
+
+def bad_object_arguments(comm: Communicator) -> list[str]:
+    """The error of each of ``BAD_OBJECT_ARGUMENTS`` on this rank, as ``type: message``."""
+    errors = []
+    for call, _ in BAD_OBJECT_ARGUMENTS:
+        try:
+            call(comm)
+        except Exception as error:  # noqa: BLE001 - every error is compared with the expected one
+            errors.append(f"{type(error).__name__}: {error}")
+        else:
+            errors.append("no error")
+    assert comm.all_gather_object(comm.rank) == list(range(comm.world_size))  # the group is intact
+    return errors
+
+
+@pytest.mark.world_size(1)
+def test_a_bad_object_argument_gets_the_same_error_in_one_process_and_on_ranks() -> None:
+    def expected(world: int) -> list[str]:
+        return [message.format(w=world, last=world - 1) for _, message in BAD_OBJECT_ARGUMENTS]
+
+    assert run_single(bad_object_arguments) == expected(1)
+    assert run_ranks(bad_object_arguments, 2)[0] == expected(2)  # rank 0 is every scatter's src
+
+
+@pytest.mark.world_size(1)
+def test_one_process_returns_the_very_objects_unpickled() -> None:
+    def identity(comm: Communicator) -> None:
+        unpicklable = lambda: 0  # noqa: E731
+        assert comm.all_gather_object(unpicklable)[0] is unpicklable
+        assert comm.gather_object(unpicklable) == [unpicklable]
+        assert comm.broadcast_object(unpicklable) is unpicklable
+        assert comm.scatter_object([unpicklable]) is unpicklable
+        items = [unpicklable]
+        assert comm.broadcast_object_list(items) is items and items[0] is unpicklable
+
+    run_single(identity)

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from communicator import CollectiveMismatchError, CommError, Communicator, RemoteError
-from communicator.events import Event
 from communicator.guard import CallState
-from communicator.stats import Statistics
+from communicator.observe.events import Event
+from communicator.observe.stats import Statistics
 
 pytestmark = pytest.mark.world_size(1, 2, 3, 4)
 

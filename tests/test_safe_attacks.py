@@ -27,9 +27,9 @@ import pytest
 import torch
 
 from communicator import Communicator
-from communicator import rebuild as rb
-from communicator.codec import Codec
-from communicator.safe import CALLABLES, VALUES, SafeCodec, UnsafePayloadError
+from communicator.objects import rebuild as rb
+from communicator.objects.codec import Codec
+from communicator.objects.safe import CALLABLES, VALUES, SafeCodec, UnsafePayloadError
 from communicator.testing import run_ranks
 
 pytestmark = pytest.mark.timeout(300)
@@ -103,7 +103,7 @@ def refused(payload: bytes, match: str | None = None, **kwargs: Any) -> str:
 CHILD = textwrap.dedent(
     """
     import pickle, sys
-    from communicator.safe import SafeCodec, UnsafePayloadError
+    from communicator.objects.safe import SafeCodec, UnsafePayloadError
     payloads, trusted = pickle.loads(sys.stdin.buffer.read())
     for payload in payloads:
         try:
@@ -339,12 +339,12 @@ def test_copyreg_extensions_cannot_bypass_the_allow_list() -> None:
         ("copyreg", "__newobj__"),
         ("collections", "OrderedDict"),
         ("functools", "partial"),
-        ("communicator.serialization", "pack_frame"),
+        ("communicator.objects.frames", "pack_frame"),
         (REBUILD, "safe_reduction"),
         (REBUILD, "_raw"),
         (REBUILD, "np"),
         (REBUILD, "torch"),
-        ("communicator", "rebuild"),
+        ("communicator.objects", "rebuild"),
     ],
 )
 def test_stack_global_resolves_only_the_allow_list(module: str, qualname: str, wrap: Callable[[bytes], bytes]) -> None:

@@ -18,16 +18,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from communicator.equality import same_value as same
+from communicator.objects import make_codec
+from communicator.objects.codec import PickleCodec, UserCodec
+from communicator.objects.frames import pack_frame, unpack_frame
+from communicator.objects.safe import SafeCodec, UnsafePayloadError
 from communicator.ops import WIRE_DTYPES
-from communicator.serialization import (
-    PickleCodec,
-    SafeCodec,
-    UnsafePayloadError,
-    UserCodec,
-    make_codec,
-    pack_frame,
-    unpack_frame,
-)
 
 TORCH_DTYPES = [
     torch.float32,
@@ -240,7 +235,7 @@ def test_user_codec() -> None:
 
 
 def test_cuda_tensors_arrive_on_the_receivers_device_or_cpu() -> None:
-    from communicator.serialization import receive_device
+    from communicator.objects.rebuild import receive_device
 
     frame = pack_frame(PickleCodec().encode(torch.ones(2)))
     token = receive_device.set(None)
@@ -252,7 +247,7 @@ def test_cuda_tensors_arrive_on_the_receivers_device_or_cpu() -> None:
 
 @pytest.mark.parametrize("chunk", [64, 192, 4096, 65536, 1 << 22])
 def test_outgoing_chunks_are_the_frame_in_order(chunk: int) -> None:
-    from communicator.transfer import Outgoing
+    from communicator.objects.frames import Outgoing
 
     readonly = np.frombuffer(bytes(range(256)) * 100, dtype=np.uint8)  # a piece that cannot be sent in place
     obj = {"a": np.arange(100_000, dtype=np.float32), "t": torch.arange(50_000.0), "r": readonly, "s": "x" * 30_000}
@@ -271,7 +266,7 @@ def test_outgoing_chunks_are_the_frame_in_order(chunk: int) -> None:
 
 
 def test_outgoing_sends_chunks_inside_an_array_from_its_memory() -> None:
-    from communicator.transfer import Outgoing
+    from communicator.objects.frames import Outgoing
 
     array = np.arange(1 << 20, dtype=np.float32)  # 4 MiB
     frame = Outgoing(PickleCodec().encode(array), 1 << 16)

@@ -18,8 +18,10 @@ from torch._C._distributed_c10d import TCPStore
 
 import communicator.control.survivors as survivors
 from communicator import (
+    CommConfig,
     CommError,
     Communicator,
+    ConfigError,
     ExcludedError,
     NonDistComm,
     PeerLostError,
@@ -27,8 +29,8 @@ from communicator import (
     RevokedError,
     launch,
 )
-from communicator.conformance import catalogue, in_subgroup
 from communicator.errors import RemoteFailure
+from communicator.testing.conformance import catalogue, in_subgroup
 
 CFG = {"backend": "gloo", "timeout": 60}
 TIMEOUT = 120
@@ -249,3 +251,20 @@ def test_shrink_of_a_closed_communicator_is_refused() -> None:
     for call in (comm.shrink, comm.revoke, lambda: comm.agree(True)):
         with pytest.raises(CommError, match="closed"):
             call()
+
+
+@pytest.mark.parametrize("bad", ["storehost", "storehost:", ":29400", "storehost:0", "storehost:70000", "host:port"])
+def test_a_malformed_store_address_is_refused_before_anything_starts(bad: str) -> None:
+    with pytest.raises(ConfigError, match="expected host:port"):
+        CommConfig(store=bad)
+
+
+def test_the_store_address_comes_from_the_config_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert CommConfig(store="[::1]:29400").store == "[::1]:29400"
+    monkeypatch.setenv("COMMUNICATOR_STORE", "storehost:29401")
+    assert CommConfig.from_env().store == "storehost:29401"
+
+
+def test_launch_refuses_an_unknown_failure_policy() -> None:
+    with pytest.raises(ConfigError, match="on_failure"):
+        launch(lose_between_collectives, 2, CFG, on_failure="ignore")  # type: ignore[arg-type]

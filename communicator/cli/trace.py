@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from communicator.traces import clean, report
+from communicator.observe.traces import clean, report
 
 __all__ = ["add_arguments", "run"]
 

@@ -17,7 +17,7 @@ from communicator.control.survivors import Survivors
 from communicator.control.waiting import TransferWaiter, translate, wait
 from communicator.errors import CollectiveMismatchError, CommError, RemoteFailure
 from communicator.guard import CallState
-from communicator.launchers.network import route_source
+from communicator.launchers.network import GLOO_IFNAME, interface_addresses, is_loopback, route_source
 
 __all__ = ["PROBE_ADDRESS", "Control", "World"]
 
@@ -139,12 +139,19 @@ class Control:
 
 def probe_address() -> str:
     """Where other hosts reach this process: :data:`PROBE_ADDRESS`, else the address that routes
-    to torch's ``MASTER_ADDR``, else the host name."""
+    to torch's ``MASTER_ADDR``, else the host name. On the master's own host that route is often
+    loopback (its name resolves to 127.0.1.1 on Debian): then the address of the interface gloo
+    uses (``GLOO_SOCKET_IFNAME``), which the other hosts reach."""
     given = os.environ.get(PROBE_ADDRESS, "")
     master = os.environ.get("MASTER_ADDR", "")
     if given or not master:
         return given
     try:
-        return route_source(master)
+        source = route_source(master)
     except CommError:
         return ""
+    interface = os.environ.get(GLOO_IFNAME, "")
+    if is_loopback(source) and interface:
+        reachable = [a for a in interface_addresses().get(interface, []) if not is_loopback(a) and "%" not in a]
+        return reachable[0] if reachable else source
+    return source

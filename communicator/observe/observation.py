@@ -1,6 +1,6 @@
 """Seeing what a communicator does: statistics, hooks, the flight recorder (a mixin of ``Communicator``).
 
-Every public operation is one :class:`~communicator.events.Event`; the guard records it and hands
+Every public operation is one :class:`~communicator.observe.events.Event`; the guard records it and hands
 it to the statistics and hooks installed here. A subgroup's operations count in its parent's
 statistics and reach its parent's hooks too, labelled with the subgroup's ranks.
 """
@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from communicator.config import CommConfig
-from communicator.events import Event
 from communicator.guard import CallState, Hook
-from communicator.stats import Statistics
+from communicator.observe.events import Event
+from communicator.observe.stats import Statistics
 
 __all__ = ["HookHandle", "Observation", "Profile", "dump_all"]
 
@@ -128,7 +128,7 @@ class Observation:
     ) -> HookHandle:
         """Call ``pre(event)`` before and ``post(event)`` after every operation (and its subgroups').
 
-        The :class:`~communicator.events.Event` says the operation, its number, group, shapes and
+        The :class:`~communicator.observe.events.Event` says the operation, its number, group, shapes and
         dtypes; after it ran, its duration, bytes, state and error. A hook that raises does not
         reach the operation: the error becomes a ``RuntimeWarning`` and the operation runs as on
         every other rank, so ranks never disagree because of a hook.

@@ -107,7 +107,7 @@ class Event:
 
     Set when it has finished (hooks' ``post`` see them): ``state`` (``"running"``, ``"done"``,
     ``"failed"``), ``error`` (the first line of the error, or ``None``), and the accounting the
-    statistics sum (:mod:`communicator.stats` defines each): ``duration``, ``wait``,
+    statistics sum (:mod:`communicator.observe.stats` defines each): ``duration``, ``wait``,
     ``serialize``, ``deserialize`` (seconds), ``sent``, ``received``, ``size`` (bytes).
 
     An event is a view of the call's record: every view of one call reads and writes the same

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from communicator.tensors import editing
+from communicator.staging import editing
 
 __all__ = ["Converted", "as_bytes", "for_reduction"]
 

@@ -16,7 +16,7 @@ or as a pytest plugin (``pytest_plugins = ["communicator.pytest_plugin"]``): mar
 one runs in this process with a :class:`~communicator.nondist.NonDistComm`, so the same test
 checks both classes.
 
-``check_communicator(run, world_sizes)`` (see :mod:`communicator.conformance`) is the conformance
+``check_communicator(run, world_sizes)`` (see :mod:`communicator.testing.conformance`) is the conformance
 suite every communicator passes: give it a function that runs a rank function on a world of yours.
 """
 
@@ -26,9 +26,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from communicator.config import CommConfig, ConfigLike
-from communicator.conformance import check_communicator
 from communicator.nondist import NonDistComm
 from communicator.spawn import launch
+from communicator.testing.conformance import check_communicator
 
 __all__ = ["DEFAULT_TIMEOUT", "check_communicator", "run_ranks", "run_single"]
 

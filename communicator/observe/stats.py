@@ -1,4 +1,4 @@
-"""Per-operation statistics, summed from the :class:`~communicator.events.Event` of every call.
+"""Per-operation statistics, summed from the :class:`~communicator.observe.events.Event` of every call.
 
 What each column means, per rank:
 
@@ -34,7 +34,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from communicator.events import Event
+from communicator.observe.events import Event
 
 __all__ = ["BUS_FACTORS", "Row", "Statistics"]
 

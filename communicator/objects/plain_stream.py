@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-import communicator.rebuild as rebuild
-from communicator.codec import PROTOCOL
+import communicator.objects.rebuild as rebuild
+from communicator.objects.codec import PROTOCOL
 
 __all__ = ["MAX_DEPTH", "NotPlain", "OverBudget", "PlainStream", "PlainUnpickler", "check_depth", "check_plain"]
 
@@ -167,7 +167,7 @@ _IMMUTABLE_RESULTS: tuple[Callable[..., Any], ...] = (
 class PlainUnpickler(pickle.Unpickler):
     """The C unpickler, for a plain stream: it resolves only the rebuilders of unchangeable values
     and of arrays, and raises :class:`NotPlain` for any other name. Each call is charged what it
-    allocates (:func:`communicator.rebuild.allocation`) from ``allowance`` before it runs (its
+    allocates (:func:`communicator.objects.rebuild.allocation`) from ``allowance`` before it runs (its
     arguments may be memo references), and raises :class:`OverBudget` beyond it."""
 
     _NAMES: ClassVar[dict[tuple[str, str], Callable[..., Any]]] = {

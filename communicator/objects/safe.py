@@ -5,7 +5,7 @@ Whatever bytes arrive, a receiver
 - imports and calls nothing outside the allow-list (:data:`CALLABLES`, :data:`VALUES`) and the
   names the user trusts; a name is looked up in its module only, never through attributes; a
   prefix trusts classes only, in modules already imported;
-- rebuilds arrays, tensors and the other allowed values from plain data (``communicator.rebuild``),
+- rebuilds arrays, tensors and the other allowed values from plain data (``communicator.objects.rebuild``),
   never through NumPy's or torch's own reconstruction helpers;
 - sets state (``BUILD``) and adds items only to plain containers and to instances of trusted classes;
 - allocates at most ``max_expansion`` bytes per received byte plus 1 MiB, every call's result and
@@ -15,7 +15,7 @@ Whatever bytes arrive, a receiver
   time it is referenced).
 
 A plain stream (containers, numbers, strings, arrays and other values no opcode can change: see
-``communicator.plain_stream``) is unpickled by the C unpickler; any other stream runs in
+``communicator.objects.plain_stream``) is unpickled by the C unpickler; any other stream runs in
 :class:`_SafeUnpickler`, which carries out each opcode itself. Senders refuse, while pickling, what
 receivers would refuse.
 """
@@ -33,10 +33,10 @@ from typing import Any
 
 import torch
 
-import communicator.rebuild as rebuild
-from communicator.codec import PROTOCOL, BufferCallback, Codec, pickle_pieces
+import communicator.objects.rebuild as rebuild
 from communicator.config import DEFAULT_SAFE_MAX_EXPANSION
-from communicator.plain_stream import MAX_DEPTH, NotPlain, OverBudget, PlainUnpickler, check_depth, check_plain
+from communicator.objects.codec import PROTOCOL, BufferCallback, Codec, pickle_pieces
+from communicator.objects.plain_stream import MAX_DEPTH, NotPlain, OverBudget, PlainUnpickler, check_depth, check_plain
 
 __all__ = ["CALLABLES", "DEFAULT_MAX_EXPANSION", "VALUES", "SafeCodec", "UnsafePayloadError"]
 
@@ -48,7 +48,7 @@ class UnsafePayloadError(pickle.UnpicklingError):
     """The ``"safe"`` serializer refused a payload, or a value that it would not send."""
 
 
-#: What a payload may call: the functions of ``communicator.rebuild``, which check their arguments.
+#: What a payload may call: the functions of ``communicator.objects.rebuild``, which check their arguments.
 CALLABLES: dict[tuple[str, str], Callable[..., Any]] = {(rebuild.__name__, f.__name__): f for f in rebuild.REBUILDERS}
 #: What a payload may name but never call: builtin types (``defaultdict`` factories), the scalar
 #: types of plain NumPy dtypes and the tensor dtypes the library sends.

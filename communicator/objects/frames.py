@@ -1,5 +1,9 @@
 """Frames on the wire: streamed in chunks from the codec's pieces, received into exact-size buffers.
 
+A frame is one contiguous byte string: a small table, the pickle stream, then each out-of-band
+buffer (NumPy arrays, CPU tensors) aligned to 64 bytes. Receivers unpickle straight from the
+received bytes, so arrays and tensors are views of the receive buffer, not copies.
+
 A sender never builds its whole frame. :class:`Outgoing` lays the frame out (table, pickle stream,
 aligned out-of-band buffers) and hands it out chunk by chunk: a chunk that lies inside one buffer
 is sent straight from the object's own memory (a large tensor or array is never copied); a chunk
@@ -17,14 +21,31 @@ posted at once; a staged chunk waits until the chunk that used its buffer before
 from __future__ import annotations
 
 import bisect
+import struct
 from collections.abc import Callable, Generator, Sequence
 from typing import Protocol
 
 import numpy as np
 
-from communicator.serialization import ALIGN, frame_layout, frame_table
+__all__ = [
+    "ALIGN",
+    "Chunks",
+    "Moves",
+    "Outgoing",
+    "Pending",
+    "Poster",
+    "chunk_size",
+    "chunks_of",
+    "frame_layout",
+    "frame_table",
+    "pack_frame",
+    "stream",
+    "unpack_frame",
+]
 
-__all__ = ["Chunks", "Moves", "Outgoing", "Pending", "Poster", "chunk_size", "chunks_of", "stream"]
+ALIGN = 64
+_TABLE_HEAD = struct.Struct("<IQ")  # buffer count, pickle stream length
+_LENGTH = struct.Struct("<Q")
 
 Pending = Callable[[], None]
 Moves = Sequence[tuple[int, np.ndarray]]
@@ -40,6 +61,56 @@ class Poster(Protocol):
         into those of ``recvs`` (messages between two ranks arrive in the order they were posted);
         the returned function waits for all of them."""
         ...
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def frame_layout(pieces: Sequence[memoryview]) -> tuple[int, list[int]]:
+    """Total frame length and the offset of each piece in it."""
+    table = _TABLE_HEAD.size + _LENGTH.size * (len(pieces) - 1)
+    offsets = [table]
+    position = table + pieces[0].nbytes
+    for piece in pieces[1:]:
+        position = _aligned(position)
+        offsets.append(position)
+        position += piece.nbytes
+    return position, offsets
+
+
+def frame_table(pieces: Sequence[memoryview]) -> bytes:
+    """The table a frame starts with: the buffer count, the stream's length, each buffer's length."""
+    return _TABLE_HEAD.pack(len(pieces) - 1, pieces[0].nbytes) + b"".join(
+        _LENGTH.pack(piece.nbytes) for piece in pieces[1:]
+    )
+
+
+def pack_frame(pieces: Sequence[memoryview], into: np.ndarray | None = None) -> np.ndarray:
+    """Concatenate a codec's pieces into one uint8 array (senders stream them instead: see
+    :class:`Outgoing`)."""
+    total, offsets = frame_layout(pieces)
+    out = np.empty(total, dtype=np.uint8) if into is None else into[:total]
+    table = frame_table(pieces)
+    out[: len(table)] = np.frombuffer(table, dtype=np.uint8)
+    for piece, offset in zip(pieces, offsets, strict=True):
+        out[offset : offset + piece.nbytes] = np.frombuffer(piece.cast("B"), dtype=np.uint8)
+    return out
+
+
+def unpack_frame(frame: memoryview) -> tuple[memoryview, list[memoryview]]:
+    """The pickle stream and the buffers of a frame, as views of it."""
+    count, stream_length = _TABLE_HEAD.unpack_from(frame, 0)
+    lengths = [_LENGTH.unpack_from(frame, _TABLE_HEAD.size + i * _LENGTH.size)[0] for i in range(count)]
+    start = _TABLE_HEAD.size + _LENGTH.size * count
+    stream = frame[start : start + stream_length]
+    position = start + stream_length
+    buffers = []
+    for length in lengths:
+        position = _aligned(position)
+        buffers.append(frame[position : position + length])
+        position += length
+    return stream, buffers
 
 
 def chunk_size(buffer_bytes: int) -> int:

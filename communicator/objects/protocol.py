@@ -3,7 +3,7 @@
 Every object collective starts with one fixed-size record per rank (:data:`RECORD_BYTES`). A
 record carries the encoded object inline when it fits, so a small object needs that one
 collective; or the length of its frame and the sender's chunk size, whose exact bytes then go
-point to point in chunks (nothing is padded, see :mod:`communicator.transfer`); or a failure
+point to point in chunks (nothing is padded, see :mod:`communicator.objects.frames`); or a failure
 report, so that a rank which cannot serialise releases every peer at once instead of leaving them
 waiting. The receiver raises the sender's failure as a :class:`~communicator.errors.RemoteError`.
 
@@ -12,7 +12,7 @@ is at most 1 MiB, else around a ring (each frame crosses each link once, forward
 receive buffer); into ``gather_object``'s destination from every sender at once; from
 ``broadcast_object``'s source to every rank. Within a stream every receive and every chunk sent
 in place is posted at once; staged chunks take turns in two buffers (see
-:mod:`communicator.transfer`).
+:mod:`communicator.objects.frames`).
 
 The bytes travel on a :class:`Channel`: fixed-size records in collectives, exact-size payloads
 point to point. A communicator supplies its own (``Communicator._object_channel``);
@@ -34,9 +34,10 @@ import torch
 from communicator.arguments import TRANSFER_TAG
 from communicator.config import DEFAULT_OBJECT_BUFFER_BYTES
 from communicator.errors import CollectiveMismatchError, RemoteError, RemoteFailure
-from communicator.events import Event
-from communicator.serialization import Codec, receive_device, unpack_frame
-from communicator.transfer import Chunks, Moves, Outgoing, Pending, chunk_size, chunks_of, stream
+from communicator.objects.codec import Codec
+from communicator.objects.frames import Chunks, Moves, Outgoing, Pending, chunk_size, chunks_of, stream, unpack_frame
+from communicator.objects.rebuild import receive_device
+from communicator.observe.events import Event
 
 __all__ = [
     "DEFAULT_BUFFER_BYTES",
@@ -45,17 +46,12 @@ __all__ = [
     "Channel",
     "Port",
     "PrimitiveChannel",
+    "Collectives",
     "all_gather_bytes",
-    "all_gather_object",
-    "broadcast_object_list",
-    "broadcast_object",
     "check_records",
+    "check_scatter_list",
     "empty_record",
     "failure_record",
-    "gather_object",
-    "recv_object",
-    "scatter_object",
-    "send_object",
 ]
 
 T = TypeVar("T")
@@ -233,12 +229,27 @@ def check_records(rows: Sequence[np.ndarray], own_error: BaseException | None, w
     return records
 
 
-# -- encoding -----------------------------------------------------------------------------------
+# -- encoding and the collectives -----------------------------------------------------------------
+
+
+class Collectives(Protocol):
+    """The object collectives a communicator runs after checking their arguments: :class:`Port`'s
+    protocol, or the identity of a world of one (``NonDistComm``, which serialises nothing).
+    Point-to-point objects are always :class:`Port`'s: a world of one has no peer."""
+
+    def all_gather_object(self, obj: T) -> list[T]: ...
+
+    def gather_object(self, obj: T, dst: int) -> list[T] | None: ...
+
+    def broadcast_object(self, obj: T, src: int) -> T: ...
+
+    def scatter_object(self, objects: Sequence[T] | None, src: int) -> T: ...
 
 
 @dataclasses.dataclass
 class Port:
-    """What the protocol needs from a communicator: its channel, codec and receiving device."""
+    """What the protocol needs from a communicator (its channel, codec and receiving device), and
+    the object operations over it."""
 
     channel: Channel
     codec: Codec
@@ -306,6 +317,92 @@ class Port:
             if paused:
                 gc.enable()
 
+    def all_gather_object(self, obj: T) -> list[T]:
+        where, channel = "all_gather_object", self.channel
+        frame, record, error = self.encode(obj, where)
+        records = check_records(channel.all_gather(record), error, where)
+        frames = _large_frames(records, channel.rank)
+        _ring(channel, records, frame.chunks, frames)
+        return self.decode_all(records, frames, own=obj)
+
+    def gather_object(self, obj: T, dst: int) -> list[T] | None:
+        where, channel = "gather_object", self.channel
+        frame, record, error = self.encode(obj, where)
+        rows = channel.gather(record, dst)
+        # Only dst saw every record: it passes the first failure on, so that every rank raises.
+        records = [Record(row) for row in rows] if rows is not None else []
+        mine = Record(record)
+        # A frame of one chunk goes before the verdict, overlapping it; it is received (and waited
+        # for on both sides) whatever the verdict, so no transfer is ever left behind.
+        frames = _large_frames(records, dst)
+        early = [(r, data) for r, data in frames.items() if data.size <= records[r].chunk]
+        if channel.rank == dst:
+            done = channel.post([], early) if early else None
+        else:
+            single = mine.is_large and mine.length <= mine.chunk
+            done = channel.post([(dst, next(frame.chunks()))], []) if single else None
+        failures = [f for rec in records if (f := rec.failure()) is not None]
+        verdict = failure_record(failures[0]) if failures else empty_record()
+        received = Record(channel.broadcast(verdict, dst)).failure()
+        if done is not None:
+            done()
+        if error is not None:
+            raise error
+        if received is not None:
+            raise RemoteError([received], context=where)
+        if channel.rank != dst:
+            if mine.is_large and done is None:
+                stream(channel, [((dst,), frame.chunks())], [])
+            return None
+        rest = [(r, records[r].incoming(data)) for r, data in frames.items() if data.size > records[r].chunk]
+        stream(channel, [], rest)
+        return self.decode_all(records, frames, own=obj)
+
+    def broadcast_object(self, obj: T, src: int) -> T:
+        where, channel = "broadcast_object", self.channel
+        frame, record, error = self.encode(obj, where) if channel.rank == src else (_NOTHING, empty_record(), None)
+        received = check_records([channel.broadcast(record, src)], error, where)[0]
+        small = received.is_large and received.length <= SMALL_FRAME_BYTES
+        if channel.rank == src:
+            if small:
+                channel.broadcast(frame.build(), src)
+            elif received.is_large:
+                others = tuple(r for r in range(channel.world_size) if r != src)
+                stream(channel, [(others, frame.chunks())], [])
+            return obj
+        if small:
+            return self.decode(channel.broadcast(np.empty(received.length, dtype=np.uint8), src).data, src)  # type: ignore[no-any-return]
+        return self.receive(received, src)  # type: ignore[no-any-return]
+
+    def scatter_object(self, objects: Sequence[T] | None, src: int) -> T:
+        where, channel = "scatter_object", self.channel
+        frames: list[Outgoing] = []
+        rows: list[np.ndarray] | None = None
+        error: BaseException | None = None
+        if channel.rank == src:
+            frames, rows, error = _encode_each(self, objects, where)
+        received = check_records([channel.scatter(rows, src, RECORD_BYTES)], error, where)[0]
+        if channel.rank == src:
+            assert rows is not None and objects is not None
+            for peer in range(channel.world_size):
+                if peer != src and Record(rows[peer]).is_large:
+                    stream(channel, [((peer,), frames[peer].chunks())], [])
+            return objects[src]
+        return self.receive(received, src)  # type: ignore[no-any-return]
+
+    def send_object(self, obj: Any, dst: int) -> None:
+        frame, record, error = self.encode(obj, "send_object")
+        self.channel.exchange({dst: record}, {})
+        if error is not None:
+            raise error
+        if Record(record).is_large:
+            stream(self.channel, [((dst,), frame.chunks())], [])
+
+    def recv_object(self, src: int) -> Any:
+        raw = np.empty(RECORD_BYTES, dtype=np.uint8)
+        self.channel.exchange({}, {src: raw})
+        return self.receive(check_records([raw], None, "send_object")[0], src)
+
 
 _NOTHING = Outgoing([memoryview(b"")], 64)
 
@@ -341,94 +438,12 @@ def _ring(
         stream(channel, sends, recvs)
 
 
-# -- the collectives ----------------------------------------------------------------------------
-
-
-def all_gather_object(port: Port, obj: T) -> list[T]:
-    where, channel = "all_gather_object", port.channel
-    frame, record, error = port.encode(obj, where)
-    records = check_records(channel.all_gather(record), error, where)
-    frames = _large_frames(records, channel.rank)
-    _ring(channel, records, frame.chunks, frames)
-    return port.decode_all(records, frames, own=obj)
-
-
-def gather_object(port: Port, obj: T, dst: int) -> list[T] | None:
-    where, channel = "gather_object", port.channel
-    frame, record, error = port.encode(obj, where)
-    rows = channel.gather(record, dst)
-    # Only dst saw every record: it passes the first failure on, so that every rank raises.
-    records = [Record(row) for row in rows] if rows is not None else []
-    mine = Record(record)
-    # A frame of one chunk goes before the verdict, overlapping it; it is received (and waited
-    # for on both sides) whatever the verdict, so no transfer is ever left behind.
-    frames = _large_frames(records, dst)
-    early = [(r, data) for r, data in frames.items() if data.size <= records[r].chunk]
-    if channel.rank == dst:
-        done = channel.post([], early) if early else None
-    else:
-        single = mine.is_large and mine.length <= mine.chunk
-        done = channel.post([(dst, next(frame.chunks()))], []) if single else None
-    failures = [f for rec in records if (f := rec.failure()) is not None]
-    verdict = failure_record(failures[0]) if failures else empty_record()
-    received = Record(channel.broadcast(verdict, dst)).failure()
-    if done is not None:
-        done()
-    if error is not None:
-        raise error
-    if received is not None:
-        raise RemoteError([received], context=where)
-    if channel.rank != dst:
-        if mine.is_large and done is None:
-            stream(channel, [((dst,), frame.chunks())], [])
-        return None
-    rest = [(r, records[r].incoming(data)) for r, data in frames.items() if data.size > records[r].chunk]
-    stream(channel, [], rest)
-    return port.decode_all(records, frames, own=obj)
-
-
-def broadcast_object(port: Port, obj: T, src: int) -> T:
-    where, channel = "broadcast_object", port.channel
-    frame, record, error = port.encode(obj, where) if channel.rank == src else (_NOTHING, empty_record(), None)
-    received = check_records([channel.broadcast(record, src)], error, where)[0]
-    small = received.is_large and received.length <= SMALL_FRAME_BYTES
-    if channel.rank == src:
-        if small:
-            channel.broadcast(frame.build(), src)
-        elif received.is_large:
-            others = tuple(r for r in range(channel.world_size) if r != src)
-            stream(channel, [(others, frame.chunks())], [])
-        return obj
-    if small:
-        return port.decode(channel.broadcast(np.empty(received.length, dtype=np.uint8), src).data, src)  # type: ignore[no-any-return]
-    return port.receive(received, src)  # type: ignore[no-any-return]
-
-
-def broadcast_object_list(port: Port, objects: list[Any], src: int) -> list[Any]:
-    """torch's form: ``objects``' items replaced in place by ``src``'s (lists of one length)."""
-    rank = port.channel.rank
-    received: list[Any] = broadcast_object(port, objects if rank == src else [], src)
-    if len(received) != len(objects):
-        raise ValueError(f"broadcast_object_list: rank {rank} has {len(objects)} items, src {src} sent {len(received)}")
-    objects[:] = received
+def check_scatter_list(objects: Sequence[T] | None, world_size: int) -> Sequence[T]:
+    """``objects`` as ``scatter_object``'s ``src`` must pass it: one object per rank."""
+    if objects is None or isinstance(objects, (str, bytes)) or len(objects) != world_size:
+        got = "None" if objects is None else f"{type(objects).__name__} of length {len(objects)}"
+        raise ValueError(f"scatter_object: src must pass a sequence of {world_size} objects, got {got}")
     return objects
-
-
-def scatter_object(port: Port, objects: Sequence[T] | None, src: int) -> T:
-    where, channel = "scatter_object", port.channel
-    frames: list[Outgoing] = []
-    rows: list[np.ndarray] | None = None
-    error: BaseException | None = None
-    if channel.rank == src:
-        frames, rows, error = _encode_each(port, objects, where)
-    received = check_records([channel.scatter(rows, src, RECORD_BYTES)], error, where)[0]
-    if channel.rank == src:
-        assert rows is not None and objects is not None
-        for peer in range(channel.world_size):
-            if peer != src and Record(rows[peer]).is_large:
-                stream(channel, [((peer,), frames[peer].chunks())], [])
-        return objects[src]
-    return port.receive(received, src)  # type: ignore[no-any-return]
 
 
 def _encode_each(
@@ -436,33 +451,18 @@ def _encode_each(
 ) -> tuple[list[Outgoing], list[np.ndarray], BaseException | None]:
     """Frames and records for a scatter; on any failure, the failure record for every rank."""
     world = port.channel.world_size
-    if objects is None or isinstance(objects, (str, bytes)) or len(objects) != world:
-        got = "None" if objects is None else f"{type(objects).__name__} of length {len(objects)}"
-        error = ValueError(f"{where}: src must pass a sequence of {world} objects, got {got}")
+    try:
+        items = check_scatter_list(objects, world)
+    except ValueError as error:
         return [], [failure_record(RemoteFailure.of(port.channel.rank, error, where))] * world, error
     frames, rows = [], []
-    for item in objects:
+    for item in items:
         frame, record, item_error = port.encode(item, where)
         if item_error is not None:
             return [], [record] * world, item_error
         frames.append(frame)
         rows.append(record)
     return frames, rows, None
-
-
-def send_object(port: Port, obj: Any, dst: int) -> None:
-    frame, record, error = port.encode(obj, "send_object")
-    port.channel.exchange({dst: record}, {})
-    if error is not None:
-        raise error
-    if Record(record).is_large:
-        stream(port.channel, [((dst,), frame.chunks())], [])
-
-
-def recv_object(port: Port, src: int) -> Any:
-    raw = np.empty(RECORD_BYTES, dtype=np.uint8)
-    port.channel.exchange({}, {src: raw})
-    return port.receive(check_records([raw], None, "send_object")[0], src)
 
 
 def all_gather_bytes(channel: Channel, data: bytes) -> list[bytes]:
