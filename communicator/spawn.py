@@ -25,7 +25,7 @@ from communicator.config import CommConfig, ConfigLike
 from communicator.errors import CommTimeoutError, ConfigError, RemoteError, RemoteFailure
 from communicator.factory import check_hook
 from communicator.launchers import launcher_variables
-from communicator.launchers.local import free_port
+from communicator.launchers.local import free_port, reserve_port
 
 __all__ = ["free_port", "launch"]
 
@@ -209,7 +209,8 @@ def launch(
         # Modules the ranks need anyway are imported once, in the fork server; pytest too when the
         # caller runs under it, since ranks unpickle test functions by importing their module.
         ctx.set_forkserver_preload(_PRELOAD + [m for m in ("pytest",) if m in sys.modules])
-    port = free_port()
+    held = reserve_port()  # until the job ends: another launch() on this machine cannot choose it
+    port = held.getsockname()[1]
     workdir = tempfile.mkdtemp(prefix="communicator-launch-")
     processes: list[mp.process.BaseProcess] = []
     connections: list[mpc.Connection] = []
@@ -246,6 +247,7 @@ def launch(
             process.join(5)
         for conn in connections:
             conn.close()
+        held.close()
         shutil.rmtree(workdir, ignore_errors=True)
     failures = [o.failure for o in outcomes if o.failure is not None]
     if on_failure == "continue":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import socket
 
-__all__ = ["free_port"]
+__all__ = ["free_port", "reserve_port"]
 
 _EPHEMERAL = "/proc/sys/net/ipv4/ip_local_port_range"
 _LOWEST = 10000  # below this, ports tend to belong to services
@@ -29,6 +29,25 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def reserve_port() -> socket.socket:
+    """A free port, held until the returned socket is closed.
+
+    The socket is bound with ``SO_REUSEADDR`` and never listens: a store started on the port later
+    (torch's set ``SO_REUSEADDR`` too) binds it all the same, while :func:`free_port` in any other
+    process finds it taken. Two jobs started at once on one machine cannot then both choose it in
+    the time between the choice and their store's start.
+    """
+    while True:
+        holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            holder.bind(("", free_port()))
+        except OSError:  # taken between the check and this bind: choose again
+            holder.close()
+            continue
+        return holder
 
 
 def _first_ephemeral_port() -> int | None:
