@@ -4,6 +4,8 @@
 - :mod:`~communicator.objects.frames`: a frame's layout, and its streaming in chunks;
 - :mod:`~communicator.objects.codec`: the codec interface, the pickle codec and a user's serializer;
 - :mod:`~communicator.objects.safe`: the ``"safe"`` codec, a restricted unpickler;
+- :mod:`~communicator.objects.allowlist`: what its payloads may name and call, and its refusals;
+- :mod:`~communicator.objects.unpickler`: its unpickler of streams that are not plain, opcode by opcode;
 - :mod:`~communicator.objects.plain_stream`: its fast check of streams of plain data;
 - :mod:`~communicator.objects.rebuild`: how arrays, tensors and other values are rebuilt from plain data.
 """
