@@ -7,8 +7,12 @@ survivors run on; a dead rank's entry is its ``RemoteFailure``.
 from __future__ import annotations
 
 import os
+import re
 import signal
+import subprocess
+import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -268,3 +272,18 @@ def test_the_store_address_comes_from_the_config_or_the_environment(monkeypatch:
 def test_launch_refuses_an_unknown_failure_policy() -> None:
     with pytest.raises(ConfigError, match="on_failure"):
         launch(lose_between_collectives, 2, CFG, on_failure="ignore")  # type: ignore[arg-type]
+
+
+def test_the_store_command_serves_a_store_until_stopped() -> None:
+    command = [sys.executable, "-m", "communicator", "store", "--host", "127.0.0.1", "--port", "0"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as server:
+        try:
+            assert server.stdout is not None
+            line = server.stdout.readline()
+            port = int(re.search(r"127\.0\.0\.1:(\d+)", line).group(1))  # type: ignore[union-attr]
+            client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+            client.set("key", "value")
+            assert client.get("key") == b"value"
+        finally:
+            server.send_signal(signal.SIGTERM)
+            assert server.wait(timeout=30) == 0
