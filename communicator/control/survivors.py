@@ -27,9 +27,9 @@ from communicator.errors import CommError, CommTimeoutError, ExcludedError
 __all__ = ["Survivors"]
 
 
-def _ranks(text: bytes) -> set[int]:
+def _ranks(text: str) -> set[int]:
     """The ranks of entries ``rank;`` or ``rank:value;``."""
-    return {int(entry.split(":")[0]) for entry in text.decode().split(";") if entry}
+    return {int(entry.split(":")[0]) for entry in text.split(";") if entry}
 
 
 class Survivors:
@@ -38,6 +38,7 @@ class Survivors:
     def __init__(self, board: FailureBoard, rank: int) -> None:
         self._board, self._rank = board, rank
         self._store, self._prefix = board.keys, board.name
+        self._round_key = f"{board.name}shrink/round"  # the shrink round in progress
         self._agreements = 0
 
     def _gone(self, ranks: set[int]) -> set[int]:
@@ -57,7 +58,7 @@ class Survivors:
         while True:
             if guarded_store(lambda: store.check([outcome])):
                 return guarded_store(lambda: store.get(outcome)).decode()
-            present = _ranks(guarded_store(lambda: store.get(entries)))
+            present = _ranks(guarded_store(lambda: store.get(entries)).decode())
             missing = everyone - present
             if not missing - self._gone(missing) or time.monotonic() > deadline:
                 joined = present - self._gone(present - {self._rank})
@@ -83,13 +84,13 @@ class Survivors:
         Members are waited for ``limit`` seconds; the chosen ones (all inside ``shrink()``)
         get ready within ``patience``."""
         deadline = time.monotonic() + limit
-        store, round_key = self._store, f"{self._prefix}shrink/round"
+        store, round_key = self._store, self._round_key
         while True:
             number = guarded_store(lambda: store.add(round_key, 0))
             key = f"{self._prefix}shrink{number}"
             left = max(deadline - time.monotonic(), 0.0)
             settled = self._settle(f"{key}/joined", f"{key}/members", f"{self._rank};", left, _listed)
-            chosen = sorted(_ranks(settled.encode()))
+            chosen = sorted(_ranks(settled))
             if self._rank not in chosen:
                 raise ExcludedError(
                     f"shrink() on rank {self._rank}: the survivors formed their communicator without this rank "
@@ -100,22 +101,21 @@ class Survivors:
 
     def abandon(self, number: int) -> None:
         """Round ``number`` could not form its communicator: the next ``shrink()`` chooses again."""
-        round_key = f"{self._prefix}shrink/round"
-        guarded_store(lambda: self._store.compare_set(round_key, str(number), str(number + 1)))
+        guarded_store(lambda: self._store.compare_set(self._round_key, str(number), str(number + 1)))
 
     def _ready(self, key: str, number: int, chosen: set[int], deadline: float) -> bool:
         """Wait until every chosen member is ready; ``False`` when one died first (next round)."""
-        store, round_key = self._store, f"{self._prefix}shrink/round"
+        store = self._store
         guarded_store(lambda: store.append(f"{key}/ready", f"{self._rank};"))
         pause = backoff(0.005, 0.5)
         while True:
-            ready = _ranks(guarded_store(lambda: store.get(f"{key}/ready")))
+            ready = _ranks(guarded_store(lambda: store.get(f"{key}/ready")).decode())
             if chosen <= ready:
                 return True
-            if guarded_store(lambda: store.add(round_key, 0)) != number:
+            if guarded_store(lambda: store.add(self._round_key, 0)) != number:
                 return False
             if self._gone(chosen - ready):
-                guarded_store(lambda: store.compare_set(round_key, str(number), str(number + 1)))
+                self.abandon(number)
                 return False
             if time.monotonic() > deadline:
                 late = sorted(chosen - ready)
