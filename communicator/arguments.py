@@ -33,7 +33,10 @@ TRANSFER_TAG = 0x7C0DE
 CHECK_TAG = TRANSFER_TAG + 1
 #: The tag of the default collectives over point-to-point (see :mod:`communicator.derived`).
 COLLECTIVE_TAG = TRANSFER_TAG + 2
-_OWN_TAGS = (TRANSFER_TAG, CHECK_TAG, COLLECTIVE_TAG)
+#: The tag of the receive that closes a connection to end an abandoned transfer (see
+#: :mod:`communicator.control.waiting`).
+CUT_TAG = TRANSFER_TAG + 3
+_OWN_TAGS = (TRANSFER_TAG, CHECK_TAG, COLLECTIVE_TAG, CUT_TAG)
 _DTYPES = frozenset(WIRE_DTYPES)
 _OVERLAP = 1  # torch._debug_has_internal_overlap: some elements share memory
 

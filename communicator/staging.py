@@ -72,7 +72,7 @@ def while_editing(work: Work, tensor: torch.Tensor) -> Work:
     if not (tensor.requires_grad or tensor.is_inference()):
         return work
     if isinstance(work, PointToPoint):
-        return PointToPoint(_Editing(work.work, tensor), work.peer)
+        return PointToPoint(_Editing(work.work, tensor), work.peer, work.cut)
     if isinstance(work, Together):
         return Together([while_editing(part, tensor) for part in work.works])
     return _Editing(work, tensor)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import abc
 import contextlib
 import dataclasses
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,12 +18,12 @@ from typing_extensions import override
 
 import communicator.gloo_dtypes as wire
 import communicator.startup as startup
-from communicator.arguments import TRANSFER_TAG
+from communicator.arguments import CUT_TAG, TRANSFER_TAG
 from communicator.base import Communicator
 from communicator.config import CommConfig
 from communicator.control import Control
 from communicator.control.log import Store
-from communicator.control.waiting import PointToPoint, Together
+from communicator.control.waiting import PointToPoint, Together, finished
 from communicator.errors import CommError, NotMemberError
 from communicator.factory import TORCH
 from communicator.groups import GroupPair, Groups
@@ -56,6 +57,15 @@ def _all_reduce_options(op: dist.ReduceOp.RedOpType) -> dist.AllreduceOptions:
 
 _ALL_REDUCE = {name: _all_reduce_options(op) for name, op in _TORCH_OPS.items()}
 _BARRIER = dist.BarrierOptions()
+
+
+def cut(group: dist.ProcessGroup, group_peer: int) -> None:
+    """Close gloo's connection to ``group_peer`` in ``group``, so that every transfer waiting on it
+    returns with an error: a receive whose wait times out closes its connection (see
+    :mod:`communicator.control.waiting`). For closing only: the group is unusable after."""
+    with contextlib.suppress(RuntimeError):
+        work = dist.irecv(torch.empty(1, dtype=torch.uint8), group=group, group_src=group_peer, tag=CUT_TAG)
+        finished(work, 0.001)
 
 
 def _started(work: Any) -> Work:
@@ -286,13 +296,18 @@ class TorchComm(Communicator):
 
     @override
     def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
-        work = dist.isend(tensor, group=self._group, group_dst=self._group_rank_of[dst], tag=tag)
-        return PointToPoint(work, dst)
+        peer = self._group_rank_of[dst]
+        work = dist.isend(tensor, group=self._group, group_dst=peer, tag=tag)
+        return PointToPoint(work, dst, self._cutter(peer))
 
     @override
     def _irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
-        work = dist.irecv(tensor, group=self._group, group_src=self._group_rank_of[src], tag=tag)
-        return PointToPoint(work, src)
+        peer = self._group_rank_of[src]
+        work = dist.irecv(tensor, group=self._group, group_src=peer, tag=tag)
+        return PointToPoint(work, src, self._cutter(peer))
+
+    def _cutter(self, group_peer: int) -> Callable[[], None] | None:
+        return functools.partial(cut, self._group, group_peer) if self._backend == "gloo" else None
 
     @override
     def _object_channel(self) -> TorchChannel:
@@ -454,15 +469,13 @@ class TorchChannel:
     def post(self, sends: Sequence[tuple[int, np.ndarray]], recvs: Sequence[tuple[int, np.ndarray]]) -> Pending:
         works: list[Work] = []
         for peer, array in recvs:  # receives first: no send waits for one never posted
-            work = dist.irecv(
-                torch.from_numpy(array), group=self._group, group_src=self._group_rank_of[peer], tag=TRANSFER_TAG
-            )
-            works.append(PointToPoint(work, peer))
+            group_peer = self._group_rank_of[peer]
+            work = dist.irecv(torch.from_numpy(array), group=self._group, group_src=group_peer, tag=TRANSFER_TAG)
+            works.append(PointToPoint(work, peer, functools.partial(cut, self._group, group_peer)))
         for peer, array in sends:
-            work = dist.isend(
-                torch.from_numpy(array), group=self._group, group_dst=self._group_rank_of[peer], tag=TRANSFER_TAG
-            )
-            works.append(PointToPoint(work, peer))
+            group_peer = self._group_rank_of[peer]
+            work = dist.isend(torch.from_numpy(array), group=self._group, group_dst=group_peer, tag=TRANSFER_TAG)
+            works.append(PointToPoint(work, peer, functools.partial(cut, self._group, group_peer)))
         return lambda: self._finish(works)
 
     def _finish(self, works: list[Work]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
+import threading
 import time
 
 import pytest
@@ -323,6 +324,34 @@ def threads_after_close(comm: Communicator) -> tuple[int, int]:
     again.split(color=again.rank % 2).all_reduce(torch.ones(1))
     again.close()
     return before, threads()
+
+
+def transfer_thread_after_close(comm: Communicator, flag: str) -> tuple[str, bool]:
+    # Rank 1's receive is abandoned when rank 0 fails before sending; rank 0 stays alive (its
+    # connections open) until rank 1 has closed, so only closing can end the waiting thread.
+    outcome = "no error"
+    try:
+        with comm.fail_together("step"):
+            if comm.rank == 0:
+                raise ValueError("no send")
+            comm.recv(torch.zeros(4), src=0)
+    except RemoteError as error:  # rank 0 too: fail_together raises the same error on every rank
+        outcome = _outcome(error)
+    comm.close()
+    waiting = any(t.name == "communicator-transfers" and t.is_alive() for t in threading.enumerate())
+    if comm.rank == 1:
+        pathlib.Path(flag).touch()
+    else:
+        while not pathlib.Path(flag).exists():
+            time.sleep(0.05)
+    return outcome, waiting
+
+
+def test_closing_ends_the_wait_on_an_abandoned_transfer(tmp_path: pathlib.Path) -> None:
+    # A transfer's wait that returns while the interpreter finalises (its peer's connection closing
+    # then) aborts the process: "terminate called without an active exception".
+    results = run_ranks(transfer_thread_after_close, 2, str(tmp_path / "closed"), timeout=60)
+    assert results == [("RemoteError", False)] * 2
 
 
 def test_closing_joins_every_thread_it_started() -> None:

@@ -3,7 +3,8 @@ that counts requests (over torch's ``HashStore``) or against a real ``TCPStore``
 
 Each virtual rank is a :class:`~communicator.control.World` of its own (its ranks on hosts of
 :data:`PER_HOST`, no threads or sockets: the simulation beats its watcher and drives its looks on
-the schedule a real wait follows), so what is counted is what N processes would send.
+the schedule a real wait follows, on a clock of its own that the hosts' relays read), so what is
+counted is what N processes would send.
 """
 
 from __future__ import annotations
@@ -15,19 +16,22 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from torch._C._distributed_c10d import HashStore, PrefixStore, Store, TCPStore
 
 from communicator.config import CommConfig
 from communicator.control.board import backoff
+from communicator.control.log import LOOK_SECONDS
 from communicator.control.plane import Control, World
-from communicator.control.waiting import FIRST_SLICE_SECONDS, LOOK_SECONDS
+from communicator.control.relay import LOCAL_LOOK_SECONDS, relay_seconds
+from communicator.control.waiting import FIRST_SLICE_SECONDS
 from communicator.errors import CollectiveMismatchError, CommError, PeerLostError, RemoteError
 from communicator.guard import CallState
 
 __all__ = ["SCENARIOS", "SIZES", "CountingStore", "Result", "format_table", "run", "simulate"]
 
+T = TypeVar("T")
 SIZES = (64, 1024, 10_000)
 #: Virtual ranks per host.
 PER_HOST = 8
@@ -39,35 +43,42 @@ NEWS = ("failure", "mismatch", "lost peer")
 
 
 class CountingStore(Store):
-    """A store that counts the requests made to it (each call is one request to a real server)."""
+    """A store that counts the requests made to it (each call is one request to a real server),
+    and the time spent in them (``busy``: the server's part, apart from the virtual ranks' own
+    work, which N processes would do side by side)."""
 
     def __init__(self, inner: Store) -> None:
         super().__init__()
-        self.inner, self.counts = inner, Counter[str]()
+        self.inner, self.counts, self.busy = inner, Counter[str](), 0.0
+
+    def _request(self, kind: str, call: Callable[[], T]) -> T:
+        self.counts[kind] += 1
+        started = time.perf_counter()
+        try:
+            return call()
+        finally:
+            self.busy += time.perf_counter() - started
 
     def set(self, key: str, value: Any) -> None:
-        self.counts["set"] += 1
-        self.inner.set(key, value)
+        self._request("set", lambda: self.inner.set(key, value))
 
     def get(self, key: str) -> bytes:
-        self.counts["get"] += 1
-        return self.inner.get(key)
+        return self._request("get", lambda: self.inner.get(key))
 
     def add(self, key: str, value: int) -> int:
-        self.counts["add"] += 1
-        return self.inner.add(key, value)
+        return self._request("add", lambda: self.inner.add(key, value))
 
     def check(self, keys: list[str]) -> bool:
-        self.counts["check"] += 1
-        return self.inner.check(keys)
+        return self._request("check", lambda: self.inner.check(keys))
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        self.counts["multi_get"] += 1
-        return self.inner.multi_get(keys)
+        return self._request("multi_get", lambda: self.inner.multi_get(keys))
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        return self._request("compare_set", lambda: self.inner.compare_set(key, expected, desired))
 
     def append(self, key: str, value: Any) -> None:
-        self.counts["append"] += 1
-        self.inner.append(key, value)  # type: ignore[attr-defined]  # every torch store has it
+        self._request("append", lambda: self.inner.append(key, value))  # type: ignore[attr-defined]  # every torch store has it
 
     @property
     def total(self) -> int:
@@ -84,7 +95,7 @@ class Result:
     requests: int
     seconds: float  # the simulated time the scenario covers
     knew: bool  # whether every rank found out what it had to
-    served: float | None = None  # wall time a real server took for the requests that spread the news
+    served: float | None = None  # the time a real server took for the requests that spread the news
 
     @property
     def per_rank(self) -> float:
@@ -98,33 +109,51 @@ class Result:
     def knows_within(self) -> float | None:
         if self.served is None or self.scenario not in (*NEWS, "startup"):
             return None
-        return self.served + (LOOK_SECONDS if self.scenario in NEWS else 0.0)
+        return self.served + (news_delay() if self.scenario in NEWS else 0.0)
 
 
-def looks_within(seconds: float) -> list[float]:
-    """When a wait of ``seconds`` looks at its board (see :func:`communicator.control.waiting.wait`)."""
-    pause, now, times = backoff(FIRST_SLICE_SECONDS, LOOK_SECONDS), FIRST_SLICE_SECONDS, []
+def news_delay() -> float:
+    """The longest a record waits to be read, store time aside: a host's relay is read from the
+    store once a period, and each rank reads the relay at its next local look."""
+    return relay_seconds(PER_HOST) + LOCAL_LOOK_SECONDS if PER_HOST > 1 else LOOK_SECONDS
+
+
+class Clock:
+    """The simulation's time: the relays' freshness is judged by it, not by the wall clock."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def looks_within(seconds: float, cap: float) -> list[float]:
+    """When a wait of ``seconds`` looks at its board, its pauses at most ``cap`` (see
+    :func:`communicator.control.waiting.wait`)."""
+    pause, now, times = backoff(FIRST_SLICE_SECONDS, cap), FIRST_SLICE_SECONDS, []
     while (now := now + pause()) <= seconds:
         times.append(now)
     return times
 
 
-def _ranks(store: Store, n: int, stall_seconds: float) -> list[Control]:
+def _ranks(store: Store, n: int, stall_seconds: float, clock: Clock) -> list[Control]:
     config = CommConfig(timeout=timedelta(seconds=600), stall_seconds=stall_seconds)
     controls = []
     for rank in range(n):
-        world = World(store, rank, n, config, PER_HOST, host=f"h{rank // PER_HOST}", threads=False)
+        world = World(store, rank, n, config, PER_HOST, host=f"h{rank // PER_HOST}", threads=False, clock=clock)
         controls.append(Control(world, world.root, rank, CallState(), config))
     return controls
 
 
-def _wait(controls: Sequence[Control], seconds: float) -> bool:
+def _wait(controls: Sequence[Control], seconds: float, clock: Clock) -> bool:
     """Every rank waits ``seconds`` in the same operation, looking on the real schedule, its
     watcher beating once a second; whether a verdict reached every rank."""
-    started = time.monotonic()
+    started, wall = time.monotonic(), clock.now
     stalls = [c.watch.begin(c.rank, "all_reduce", started, 600.0) for c in controls]
     beat = 0.0
-    for at in looks_within(seconds):
+    for at in looks_within(seconds, controls[0].board.log.look_seconds):
+        clock.now = wall + at
         while beat + 1.0 <= at:
             beat += 1.0
             for control in controls:
@@ -135,9 +164,10 @@ def _wait(controls: Sequence[Control], seconds: float) -> bool:
     return all(stall.verdict is not None for stall in stalls)
 
 
-def _spread(controls: Sequence[Control], post: Callable[[], None], error: type[CommError]) -> tuple[bool, float]:
-    """``post`` on one rank, then every other rank's next look; whether each raised ``error``, and the wall time."""
-    started = time.perf_counter()
+def _spread(controls: Sequence[Control], post: Callable[[], None], error: type[CommError], clock: Clock) -> bool:
+    """``post`` on one rank, then every other rank's next look, once the hosts' relays are due to
+    read the store again; whether each raised ``error``."""
+    clock.now += news_delay()
     post()
     knew = True
     for control in controls[1:]:
@@ -146,7 +176,7 @@ def _spread(controls: Sequence[Control], post: Callable[[], None], error: type[C
             knew = False
         except error:
             pass
-    return knew, time.perf_counter() - started
+    return knew
 
 
 def simulate(n: int, make_store: Callable[[], Store], real: bool = False) -> list[Result]:
@@ -162,35 +192,40 @@ def simulate(n: int, make_store: Callable[[], Store], real: bool = False) -> lis
 
 
 def _scenario(scenario: str, n: int, make_store: Callable[[], Store], real: bool) -> Result:
-    counting = CountingStore(make_store())
+    counting, clock = CountingStore(make_store()), Clock()
     stall_seconds = 4.0 if scenario == "stall" else 600.0
-    started = time.perf_counter()
-    controls = _ranks(counting, n, stall_seconds)
+    controls = _ranks(counting, n, stall_seconds, clock)
+    try:
+        return _play(scenario, controls, counting, clock, real)
+    finally:
+        for control in controls:
+            if control.world.relay is not None:
+                control.world.relay.remove()
+
+
+def _play(scenario: str, controls: Sequence[Control], counting: CountingStore, clock: Clock, real: bool) -> Result:
+    n, first = len(controls), controls[0]
     for control in controls:  # the first look
         control.board.check(control.rank, 0, "startup")
-    served = time.perf_counter() - started
-    before, seconds, knew = counting.total, 0.0, True
-    first = controls[0]
+    before, busy, seconds, knew = counting.total, counting.busy, 0.0, True
     if scenario == "startup":
-        before = 0
+        before, busy = 0, 0.0
     elif scenario in ("idle wait", "stall"):
         seconds = WAIT_SECONDS
-        knew = _wait(controls, WAIT_SECONDS) or scenario == "idle wait"
-        served = 0.0
+        knew = _wait(controls, WAIT_SECONDS, clock) or scenario == "idle wait"
     elif scenario == "failure":
-        knew, served = _spread(controls, lambda: first.failed(RuntimeError("boom"), "step"), RemoteError)
+        knew = _spread(controls, lambda: first.failed(RuntimeError("boom"), "step"), RemoteError, clock)
     elif scenario == "mismatch":
         error = CollectiveMismatchError({0: "in all_reduce #1", 1: "in broadcast #1"}, "different collectives")
-        knew, served = _spread(controls, lambda: first.board.post_mismatch(0, error), CollectiveMismatchError)
+        knew = _spread(controls, lambda: first.board.post_mismatch(0, error), CollectiveMismatchError, clock)
     elif scenario == "lost peer":
         lost = lambda: first.board.post_lost(0, n - 1, "its process has exited")  # noqa: E731 - as the judge posts it
-        knew, served = _spread(controls[:-1], lost, PeerLostError)
+        knew = _spread(controls[:-1], lost, PeerLostError, clock)
     else:  # closing: every rank leaves
-        started = time.perf_counter()
         for control in controls:
             control.close(None)
-        served = time.perf_counter() - started
-    return Result(scenario, n, counting.total - before, seconds, knew, served if real else None)
+    served = counting.busy - busy if real else None
+    return Result(scenario, n, counting.total - before, seconds, knew, served)
 
 
 def run(sizes: Sequence[int] = SIZES, real: bool = False) -> list[Result]:

@@ -142,13 +142,14 @@ class FailureBoard:
 
     def linger(self, limit: float = 3.0) -> None:
         """On closing after a mismatch was raised here: wait (at most ``limit`` seconds) until the
-        other members read it, since a launcher that stops the job when this rank exits (torchrun)
-        must not stop them before they report it. One request a poll; never raises."""
+        other members closed too (having raised it, as a rule), since a launcher that stops the
+        job when this rank exits (torchrun) must not stop them before they report it. Called once
+        this rank's own closing is posted. One request a poll; never raises."""
         if not self._mismatch_raised:
             return
         deadline, pause = time.monotonic() + limit, backoff(0.01, 0.2)
         with contextlib.suppress(Exception):
-            while self._store.add(f"{self.name}mismatch-read", 0) < len(self.members) - 1:
+            while self._store.add(f"{self.name}closing", 0) < len(self.members):
                 if time.monotonic() > deadline:
                     return
                 time.sleep(pause())
@@ -174,9 +175,10 @@ class FailureBoard:
 
     # -- looking ---------------------------------------------------------------------------
 
-    def refresh(self) -> None:
-        """Read the log (one request when nothing happened) and take in this board's new records."""
-        self.log.look()
+    def refresh(self, direct: bool = False) -> None:
+        """Read the log (one request when nothing happened; ``direct``: from the store, not the
+        host's relay) and take in this board's new records."""
+        self.log.look(direct)
         for name, start in self._taken.items():
             records = self.log.of_board(name, start)
             self._taken[name] = start + len(records)
@@ -199,8 +201,6 @@ class FailureBoard:
         elif kind == "mismatch" and self._mismatch is None:
             sides = {r: str(side) for side, ranks in record["sides"].items() for r in Spans(ranks)}
             self._mismatch = CollectiveMismatchError(dict(sorted(sides.items())), str(record["what"]))
-            with contextlib.suppress(Exception):  # its poster waits for this before it leaves
-                self._store.add(f"{self.name}mismatch-read", 1)
         elif kind == "revoke" and self._revoked_by is None:
             self._revoked_by = rank
         elif kind == "lost":
@@ -216,7 +216,14 @@ class FailureBoard:
         self.refresh()
         self.raise_known(rank, seq, what)
         for peer, pid in self._dead_here(rank).items():
-            why = f"its process (pid {pid}) has exited"
+            self.lose(rank, peer, f"its process (pid {pid}) has exited", seq, what)
+
+    def lose(self, rank: int, peer: int, why: str, seq: int, what: str) -> None:
+        """Raise, and tell the others, that ``peer``'s process is gone, unless what it posted
+        before it went explains it (read from the store itself: the host's relay may lag)."""
+        self.refresh(direct=True)
+        self.raise_known(rank, seq, what)
+        if peer not in self._closed:
             self.post_lost(rank, peer, why)
             raise PeerLostError(f"{what} on rank {rank}: rank {peer}: {why}; a peer was lost")
 

@@ -6,7 +6,8 @@ that waits *looks*: one ``add(events, 0)``; when the count moved, one ``multi_ge
 records. So a post reaches every looking rank with O(1) requests each, O(N) in all, and a look
 when nothing happened is a single request. A process keeps the records it read by board (each
 communicator of the world has one), until that board closes; records of boards it is not a
-member of are dropped as they are read.
+member of are dropped as they are read. The processes of a host share what they read through a
+relay (see :mod:`communicator.control.relay`), so that the store sees one reader per host.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from typing import Any, TypeAlias, TypeVar
 
 from torch._C._distributed_c10d import Store as _Store
 
+from communicator.control.relay import LOCAL_LOOK_SECONDS, Relay
 from communicator.errors import CommError, PeerLostError
 
 __all__ = ["EventLog", "Record", "Store", "StoreHandle", "guarded_store"]
 
+#: The longest pause between a waiting rank's looks at the store (see :mod:`communicator.control.waiting`).
+LOOK_SECONDS = 1.0
 #: How long a record whose number was taken may stay unwritten before readers skip it (its
 #: poster died between the two requests).
 MISSING_SECONDS = 2.0
@@ -90,8 +94,10 @@ def guarded_store(call: Callable[[], T]) -> T:
 class EventLog:
     """The records posted in one world, as far as this process has read them."""
 
-    def __init__(self, store: StoreHandle, clock: Callable[[], float] = time.monotonic) -> None:
-        self.store = store
+    def __init__(
+        self, store: StoreHandle, relay: Relay | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.store, self.relay = store, relay
         self._boards: dict[str, list[Record]] = {}  # records read so far, by board, in posting order
         self._forgotten: set[str] = set()  # boards this process will never read (closed, or not a member)
         self._lock = threading.Lock()  # the waiting thread and a judge's probes both look
@@ -108,25 +114,56 @@ class EventLog:
         except Exception:  # noqa: BLE001 - see above
             pass
 
-    def look(self) -> bool:
+    def look(self, direct: bool = False) -> bool:
         """Read what was posted since the last look; whether anything was. One request when
-        nothing was; raises ``PeerLostError`` when the store is gone."""
+        nothing was (none while the host's relay is fresh; ``direct``: from the store whatever
+        the relay says); raises ``PeerLostError`` when the store is gone."""
         with self._lock:
-            count = guarded_store(lambda: self.store.add("events", 0))
-            if count <= self._read:
-                return False
-            keys = [f"event/{n}" for n in range(self._read + 1, count + 1)]
-            if guarded_store(lambda: self.store.check(keys)):
-                values = guarded_store(lambda: self.store.multi_get(keys))
-            else:  # a poster is between its two requests: read what is there
-                values = self._written(keys)
-            for value in values:
-                record = json.loads(value)
-                board = str(record.get("board", ""))
-                if board not in self._forgotten:
-                    self._boards.setdefault(board, []).append(record)
-            self._read += len(values)
-            return bool(values)
+            relay = self.relay
+            if relay is None or direct:
+                return self._take(self._from_store())
+            relayed = relay.read()
+            taken = self._take(relayed)
+            if relayed and relayed[-1][0] > self._read:  # the file began after this process's last
+                return self._take(self._from_store()) or taken  # record (it was replaced): fill the gap
+            turn = relay.turn() if relay.due() else None
+            if turn is None:
+                return taken
+            with turn:
+                taken = self._take(turn.records) or taken
+                found = self._from_store()
+                turn.hand(found)
+            return self._take(found) or taken
+
+    @property
+    def look_seconds(self) -> float:
+        """The longest pause between a waiting rank's looks: a relay is read for free, so more often."""
+        return LOOK_SECONDS if self.relay is None else LOCAL_LOOK_SECONDS
+
+    def _from_store(self) -> list[tuple[int, bytes]]:
+        count = guarded_store(lambda: self.store.add("events", 0))
+        if count <= self._read:
+            return []
+        keys = [f"event/{n}" for n in range(self._read + 1, count + 1)]
+        if guarded_store(lambda: self.store.check(keys)):
+            values = guarded_store(lambda: self.store.multi_get(keys))
+        else:  # a poster is between its two requests: read what is there
+            values = self._written(keys)
+        return list(enumerate(values, start=self._read + 1))
+
+    def _take(self, records: list[tuple[int, bytes]]) -> bool:
+        """Keep the records that follow the last one taken (records are numbered from 1); whether
+        there were any."""
+        taken = self._read
+        for number, value in records:
+            if number != self._read + 1:
+                continue
+            record = json.loads(value)
+            board = str(record.get("board", ""))
+            if board not in self._forgotten:
+                self._boards.setdefault(board, []).append(record)
+            self._read = number
+        return self._read > taken
 
     def of_board(self, name: str, start: int) -> list[Record]:
         """The records of board ``name`` from its ``start``-th on."""

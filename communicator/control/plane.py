@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from communicator.config import CommConfig
 from communicator.control.board import FailureBoard
 from communicator.control.liveness import Hosts
-from communicator.control.log import EventLog, Store, StoreHandle
+from communicator.control.log import EventLog, Store, StoreHandle, guarded_store
+from communicator.control.relay import Relay
 from communicator.control.stalls import Watch, Watcher
 from communicator.control.survivors import Survivors
 from communicator.control.waiting import TransferWaiter, translate, wait
@@ -39,20 +41,29 @@ class World:
         address: str = "",
         host: str = "",
         threads: bool = True,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        # host and threads=False: a virtual rank of the simulation (communicator.bench.control_plane)
+        # host, threads=False and clock: a virtual rank of the simulation (communicator.bench.control_plane)
         self.store = StoreHandle(store)
         self.world_rank, self.world_size, self.local_size = world_rank, world_size, local_size
-        self.log = EventLog(self.store)
         self.hosts = Hosts(self.store, host=host, address=address)
+        self.relay = Relay.open(self._name(), self.hosts.host, local_size, clock) if local_size > 1 else None
+        self.log = EventLog(self.store, self.relay)
         self.hosts.announce(world_rank, listen=threads)
         self.root = FailureBoard(self.log, self.hosts, self.store, "", range(world_size), local_size)
         self.watcher = Watcher(self.root, self.hosts, world_rank, world_size, config.stall_seconds, threads)
         self.users = 0  # open communicators of this world
 
+    def _name(self) -> str:
+        """A name for this world that its processes share (one request: the first to ask names it)."""
+        mine = uuid.uuid4().hex
+        return guarded_store(lambda: self.store.compare_set("name", "", mine)).decode()
+
     def stop(self) -> None:
         self.watcher.stop()
         self.hosts.close()
+        if self.relay is not None:
+            self.relay.remove()
 
 
 class Control:
@@ -119,10 +130,10 @@ class Control:
     def close(self, error: BaseException | None) -> None:
         """Tell the others this rank left (and why, after ``error``); no collective. Never raises."""
         try:
-            self.board.linger()
             if error is not None:
                 self.board.post(RemoteFailure.of(self.rank, error, "the communicator's block"))
             self.board.post_closed(self.rank, self._calls.seq, self._calls.op)
+            self.board.linger()
         finally:
             self.transfers.stop()
             self.world.watcher.forget(self.board.name)

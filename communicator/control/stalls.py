@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 from communicator.control.board import FailureBoard
 from communicator.control.liveness import Hosts
 from communicator.control.ranks import Spans, spans_text
-from communicator.errors import CollectiveMismatchError, PeerLostError
+from communicator.errors import CollectiveMismatchError
 from communicator.guard import CallState
 
 __all__ = [
@@ -373,8 +373,7 @@ class Stall:
         for rank in chosen:
             why = board.hosts.gone(members[rank])
             if why:
-                board.post_lost(self._rank, rank, why)
-                raise PeerLostError(f"{self._what} on rank {self._rank}: rank {rank}: {why}; a peer was lost")
+                board.lose(self._rank, rank, why, self._watch.calls.seq, self._what)
 
     def _log(self, verdict: Verdict, now: float) -> bool:
         """Warn once per state of the awaited ranks (their durations aside); whether it warned."""

@@ -11,18 +11,27 @@ A work's ``wait(timeout)`` takes a ``timedelta``; it returns ``False`` or raises
 or torch's ``RuntimeError`` that says "timed out") when the slice ran out. Point-to-point
 transfers are waited on whole in a helper thread (gloo treats a send's or receive's wait timeout
 as the transfer's own: when it runs out, the connection closes).
+
+A transfer abandoned after a failure may never finish. Its thread must not be inside the wait when
+the interpreter finalises: a wait that returns then cannot take the GIL back, and the thread's
+forced exit through torch's no-throw code aborts the process ("terminate called without an active
+exception"). So closing a communicator *cuts* what its thread still waits on: each transfer may
+carry a ``cut`` that closes the connection it waits on (for gloo, a receive on the same
+connection that times out at once), and the wait returns with an error while the interpreter runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
 from communicator.control.board import FailureBoard, backoff
+from communicator.control.log import LOOK_SECONDS
 from communicator.control.stalls import Stall, Watch
 from communicator.errors import CommError, CommTimeoutError, PeerClosedError, PeerLostError
 
@@ -39,8 +48,6 @@ __all__ = [
 
 #: How long a wait runs before its first look at the board.
 FIRST_SLICE_SECONDS = 0.05
-#: The longest slice: a long wait looks about this often (one store request when nothing happened).
-LOOK_SECONDS = 1.0
 _FIRST = timedelta(seconds=FIRST_SLICE_SECONDS)
 #: How long a receive may wait after its peer closed (whatever the peer sent has arrived by then).
 CLOSED_GRACE_SECONDS = 1.0
@@ -60,12 +67,13 @@ def finished(work: Any, seconds: float) -> bool:
 
 
 class PointToPoint:
-    """A started send or receive (wrapped so waits can tell it from a collective)."""
+    """A started send or receive (wrapped so waits can tell it from a collective); ``cut``, where
+    the transport has one, ends its wait by closing its connection (see the module docstring)."""
 
-    __slots__ = ("peer", "work")
+    __slots__ = ("cut", "peer", "work")
 
-    def __init__(self, work: Any, peer: int) -> None:
-        self.work, self.peer = work, peer
+    def __init__(self, work: Any, peer: int, cut: Callable[[], None] | None = None) -> None:
+        self.work, self.peer, self.cut = work, peer, cut
 
     def wait(self, timeout: timedelta | None = None) -> Any:
         return self.work.wait() if timeout is None else self.work.wait(timeout)
@@ -93,10 +101,12 @@ class Together:
 class _Job:
     """Transfers handed to the waiter; ``done`` is set when they finished or one failed."""
 
-    __slots__ = ("done", "error", "limit", "works")
+    __slots__ = ("cuts", "done", "error", "limit", "works")
 
-    def __init__(self, works: Sequence[Any], limit: float) -> None:
-        self.works, self.limit = works, limit
+    def __init__(self, works: Sequence[PointToPoint], limit: float) -> None:
+        self.works: list[Any] = [w.work for w in works]
+        self.cuts = [w.cut for w in works if w.cut is not None]
+        self.limit = limit
         self.done = threading.Event()
         self.error: BaseException | None = None
 
@@ -104,35 +114,52 @@ class _Job:
 class TransferWaiter:
     """One thread per communicator, started on first use, waiting on transfers in order."""
 
+    #: How long closing waits for the thread, cuts included, before leaving it to the process.
+    STOP_SECONDS = 2.0
+
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._current: _Job | None = None
 
     def start(self, works: Sequence[PointToPoint], limit: float) -> _Job:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="communicator-transfers", daemon=True)
             self._thread.start()
-        job = _Job([w.work for w in works], limit)
+        job = _Job(works, limit)
         self._jobs.put(job)
         return job
 
     def stop(self) -> None:
-        """Let the thread end once it is idle (one stuck on an abandoned transfer ends with the process)."""
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join(timeout=1.0)
-            self._thread = None
+        """End the thread: transfers it still waits on (abandoned ones) are cut first."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._jobs.put(None)
+        was_cut: _Job | None = None
+        deadline = time.monotonic() + self.STOP_SECONDS
+        while thread.is_alive() and time.monotonic() < deadline:
+            job = self._current
+            if job is not None and job is not was_cut and not job.done.wait(FIRST_SLICE_SECONDS):
+                was_cut = job
+                for cut in job.cuts:
+                    with contextlib.suppress(Exception):  # closing never raises
+                        cut()
+            thread.join(FIRST_SLICE_SECONDS)
+        self._thread = None
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
+            self._current = job
             try:
                 for work in job.works:
                     work.wait(timedelta(seconds=job.limit))
             except BaseException as error:  # noqa: BLE001 - handed to the waiting caller
                 job.error = error
             finally:
-                job.works = []  # the transfers' tensors (received frames) must not outlive the operation
+                job.works, job.cuts = [], []  # the transfers' tensors (received frames) must not outlive the operation
                 job.done.set()
+                self._current = None
             job = work = None  # nor wait here for the next job
 
 
@@ -165,7 +192,7 @@ def wait(
     stall: Stall | None = watch.begin(rank, what, started, limit) if watch is not None else None
     p2p = [w for w in works if isinstance(w, PointToPoint)]
     job = transfers.start(p2p, limit) if p2p else None
-    pause = backoff(FIRST_SLICE_SECONDS, LOOK_SECONDS)
+    pause = backoff(FIRST_SLICE_SECONDS, board.log.look_seconds)
     for work in works:
         if job is not None and isinstance(work, PointToPoint):
             continue
@@ -209,7 +236,7 @@ def _wait_for_transfers(
 ) -> None:
     # The transfers time out on their own at the deadline; the grace covers a stuck thread.
     noticed: dict[int, float] = {}  # when this rank first saw a peer of an unfinished transfer closed
-    pause = backoff(FIRST_SLICE_SECONDS, LOOK_SECONDS)
+    pause = backoff(FIRST_SLICE_SECONDS, board.log.look_seconds)
     while not job.done.wait(pause()):
         _look(board, rank, seq, what, stall)
         now = time.monotonic()

@@ -1,0 +1,159 @@
+"""The event log's news shared by the processes of one host, so that the store sees one reader per host.
+
+Every waiting rank looks at the log about once a second; at 10,000 ranks that alone is 10,000
+store requests a second, and a record posted once costs three requests per rank to read. So the
+processes of a world on one host share a *relay* file: whichever of them looks when nobody on
+the host has read the store for :func:`relay_seconds` takes the file's lock, reads the store, and
+appends the new records (numbered) to the file; the others read the file, which costs no
+request. The store then sees about one look per host per period, whatever the ranks per host.
+
+A record reaches a waiting rank within one period plus one local look (:data:`LOCAL_LOOK_SECONDS`).
+A process that finds the file gone or replaced reads it again from the start: records carry their
+numbers, so none is taken twice. A host whose temporary directory cannot hold the file (or a
+world of one rank per host) reads the store directly, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+__all__ = ["LOCAL_LOOK_SECONDS", "Relay", "Turn", "relay_seconds"]
+
+#: How often a waiting rank reads the relay (a file read: no store request).
+LOCAL_LOOK_SECONDS = 0.25
+_FASTEST = 0.25  # the host reads the store at most this often
+_SLOWEST = 1.0  # and at least this often while one of its ranks waits
+
+
+def relay_seconds(local_size: int) -> float:
+    """How long a host's read of the store stays fresh: shorter for more ranks per host, whose
+    share of the host's looks stays at one look every 2 s each (one a second per host at most
+    for two ranks, four a second for eight or more)."""
+    return min(_SLOWEST, max(_FASTEST, 2 * _SLOWEST / max(local_size, 1)))
+
+
+class Relay:
+    """One world's relay file on this host (see the module docstring)."""
+
+    def __init__(self, path: Path, seconds: float, clock: Callable[[], float] = time.time) -> None:
+        self.path, self.seconds, self._clock = path, seconds, clock
+        self._offset = 0
+        self._inode = -1
+        self._stamp = 0.0  # when the host last read the store, as the file said at the last read
+
+    @classmethod
+    def open(cls, token: str, host: str, local_size: int, clock: Callable[[], float] = time.time) -> Relay | None:
+        """The relay of the world named ``token`` on ``host``; ``None`` where none is worth it or
+        the temporary directory is not this user's alone."""
+        if local_size < 2:
+            return None
+        folder = Path(tempfile.gettempdir()) / f"communicator-{os.getuid()}"
+        try:
+            folder.mkdir(mode=0o700, exist_ok=True)
+            state = folder.stat()
+        except OSError:
+            return None
+        if state.st_uid != os.getuid() or state.st_mode & 0o077:
+            return None
+        return cls(folder / f"{token}-{host}.relay", relay_seconds(local_size), clock)
+
+    def read(self) -> list[tuple[int, bytes]]:
+        """The records appended since the last read, as ``(number, record)``."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return []
+        try:
+            return self._read(fd)
+        finally:
+            os.close(fd)
+
+    def _read(self, fd: int) -> list[tuple[int, bytes]]:
+        state = os.fstat(fd)
+        inode, self._stamp = state.st_ino, state.st_mtime
+        if inode != self._inode:  # a new file: from its start
+            self._inode, self._offset = inode, 0
+        data = os.pread(fd, 1 << 24, self._offset)
+        complete = data[: data.rfind(b"\n") + 1]  # a line being appended is read next time
+        self._offset += len(complete)
+        records = []
+        for line in complete.splitlines():
+            number, _, record = line.partition(b" ")
+            records.append((int(number), record))
+        return records
+
+    def due(self) -> bool:
+        """Whether the host's read of the store is older than the period (as of the last read)."""
+        return self._clock() - self._stamp >= self.seconds
+
+    def turn(self) -> Turn | None:
+        """This process's turn to read the store for the host, or ``None``: another process read
+        it within the period, or reads it right now."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+            os.utime(fd, (0, 0))  # created now: never read yet
+        except FileExistsError:
+            fd = -1
+        except OSError:
+            return Turn(self, -1, [])  # no file: this process reads the store for itself
+        try:
+            if fd < 0:
+                fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            offset, inode = self._offset, self._inode
+            records = self._read(fd)
+            if not self.due():  # read by another process since: leave its records for the next read
+                self._offset, self._inode = offset, inode
+                os.close(fd)
+                return None
+            return Turn(self, fd, records)
+        except OSError:  # another process holds the lock: it reads the store for the host now
+            if fd >= 0:
+                os.close(fd)
+            return None
+
+    def stamp(self) -> float:
+        """Note that this process read the store for the host now; the time, by the relay's clock."""
+        self._stamp = self._clock()
+        return self._stamp
+
+    def skip(self, size: int) -> None:
+        """Bytes this process appended itself: not read back."""
+        self._offset += size
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+
+
+class Turn:
+    """A turn to read the store for the host (the relay's lock held): ``records`` were appended
+    since this process last read the file; :meth:`hand` gives the host what the store said."""
+
+    def __init__(self, relay: Relay, fd: int, records: list[tuple[int, bytes]]) -> None:
+        self.relay, self._fd, self.records = relay, fd, records
+
+    def __enter__(self) -> Turn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # and the lock with it
+            self._fd = -1
+
+    def hand(self, records: Sequence[tuple[int, bytes]]) -> None:
+        now = self.relay.stamp()
+        if self._fd < 0:
+            return
+        lines = b"".join(b"%d %s\n" % (number, record) for number, record in records)
+        with contextlib.suppress(OSError):
+            if lines:
+                os.write(self._fd, lines)
+                self.relay.skip(len(lines))
+            os.utime(self._fd, (now, now))  # the host's read is fresh from now
