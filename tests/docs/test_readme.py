@@ -7,7 +7,8 @@ from doc_snippets import README, ROOT, snippets
 VENV = "python3 -m venv .venv && . .venv/bin/activate && "
 DEMO = VENV + "python -m pip install torch==2.13.0 && python -m pip install -e . && python -m communicator demo"
 TESTS = VENV + (
-    'python -m pip install torch==2.13.0 && python -m pip install -e ".[test,docs,bench]" && python -m pytest'
+    'python -m pip install torch==2.13.0 && python -m pip install -e ".[test,docs,bench]" '
+    "&& python -m pytest -n 3 --dist loadgroup"
 )
 FIRST_SCREEN = 40  # lines
 
