@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from torch._C._distributed_c10d import HashStore
 
-from communicator.bench.control_plane import SCENARIOS, simulate
+import communicator.control.stalls as stalls
+from communicator.bench.control_plane import SCENARIOS, Clock, ranks, simulate
 
 # Linear in all, flat per rank: 16 times the ranks may cost at most 16 x 1.25 times the requests.
 GROWTH = 16 * 1.25
@@ -33,3 +34,23 @@ def test_news_costs_a_few_requests_per_rank(counts) -> None:
     assert counts[1024]["startup"].per_rank <= 6
     # a long wait looks about once a second, whatever the size of the job
     assert counts[1024]["idle wait"].rate <= 2.0
+
+
+def test_a_judge_serves_while_it_waits_and_is_replaced_once_it_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    wall = [1_000_000.0]  # the terms follow the wall clock, which every process shares
+    monkeypatch.setattr(stalls.time, "time", lambda: wall[0])
+    controls = ranks(HashStore(), 4, 600.0, Clock())
+    started = 0.0
+    waits = [c.watch.begin(c.rank, "all_reduce", started, 600.0) for c in controls]
+
+    def beat(at: float, ticking: list[int]) -> list[int]:
+        wall[0] = 1_000_000.0 + at
+        for rank in ticking:
+            waits[rank].tick(started + at)
+        return [rank for rank in ticking if waits[rank].judging]
+
+    first = [beat(float(at), [0, 1, 2, 3]) for at in range(2, 14)]
+    assert all(judges == first[0] and len(judges) == 1 for judges in first)  # one judge, term after term
+    others = [r for r in range(4) if r != first[0][0]]
+    later = [beat(float(at), others) for at in range(14, 24)]
+    assert len(later[-1]) == 1 and later[-1][0] in others  # the judge stopped waiting: another took over

@@ -102,6 +102,30 @@ def test_a_long_rank_zero_section_completes_and_logs_who_is_awaited() -> None:
         assert "rank 0 is outside any collective" in message and "its last: all_reduce #1" in message
 
 
+def late_sender(comm: Communicator, seconds: float) -> list[str]:
+    handler = Collect()
+    logging.getLogger("communicator").addHandler(handler)
+    if comm.rank == 0:
+        time.sleep(seconds)
+        comm.send(torch.ones(2), dst=1)
+    elif comm.rank == 1:
+        received = torch.zeros(2)
+        comm.recv(received, src=0)
+        assert received.tolist() == [1.0, 1.0]
+    comm.barrier()
+    return handler.messages
+
+
+def test_a_long_wait_for_a_transfer_names_its_peer_only() -> None:
+    # Rank 2 waits in the barrier meanwhile: it is no part of rank 1's receive, which is judged
+    # among its peers (what it costs stays the same however large the group).
+    logs = run_ranks(late_sender, 3, 8.0, cfg={"stall_seconds": 2}, timeout=120)
+    receive = [m for m in logs[1] if "recv" in m]
+    assert len(receive) == 1, logs[1]
+    assert "ranks [0] did not arrive" in receive[0] and "rank 0 is outside any collective" in receive[0]
+    assert "rank 2" not in receive[0]
+
+
 def mismatch_with_dumps(comm: Communicator) -> None:
     with pytest.raises(CollectiveMismatchError):
         if comm.rank == 1:

@@ -29,7 +29,7 @@ from communicator.control.waiting import FIRST_SLICE_SECONDS
 from communicator.errors import CollectiveMismatchError, CommError, PeerLostError, RemoteError
 from communicator.guard import CallState
 
-__all__ = ["SCENARIOS", "SIZES", "CountingStore", "Result", "format_table", "run", "simulate"]
+__all__ = ["SCENARIOS", "SIZES", "Clock", "CountingStore", "Result", "format_table", "ranks", "run", "simulate"]
 
 T = TypeVar("T")
 SIZES = (64, 1024, 10_000)
@@ -137,7 +137,8 @@ def looks_within(seconds: float, cap: float) -> list[float]:
     return times
 
 
-def _ranks(store: Store, n: int, stall_seconds: float, clock: Clock) -> list[Control]:
+def ranks(store: Store, n: int, stall_seconds: float, clock: Clock) -> list[Control]:
+    """``n`` virtual ranks over ``store``, :data:`PER_HOST` to a host."""
     config = CommConfig(timeout=timedelta(seconds=600), stall_seconds=stall_seconds)
     controls = []
     for rank in range(n):
@@ -194,7 +195,7 @@ def simulate(n: int, make_store: Callable[[], Store], real: bool = False) -> lis
 def _scenario(scenario: str, n: int, make_store: Callable[[], Store], real: bool) -> Result:
     counting, clock = CountingStore(make_store()), Clock()
     stall_seconds = 4.0 if scenario == "stall" else 600.0
-    controls = _ranks(counting, n, stall_seconds, clock)
+    controls = ranks(counting, n, stall_seconds, clock)
     try:
         return _play(scenario, controls, counting, clock, real)
     finally:

@@ -334,9 +334,9 @@ class FailureBoard:
             time.sleep(min(pause(), max(timeout - (now - started), 0.001)))
             arrived = guarded_store(lambda: self._store.add(key, 0))
 
-    def elect(self, seq: int) -> bool:
-        """Whether this rank judges the stall of operation ``seq`` (the first to ask does)."""
-        return bool(guarded_store(lambda: self._store.add(f"{self.name}judge/{seq}", 1)) == 1)
+    def elect(self, seq: int, term: int) -> bool:
+        """Whether this rank judges the stall of operation ``seq`` for ``term`` (the first to ask does)."""
+        return bool(guarded_store(lambda: self._store.add(f"{self.name}judge/{seq}/{term}", 1)) == 1)
 
     def statuses(self, ranks: Sequence[int]) -> list[str | None]:
         """The statuses that world ranks ``ranks`` published, in order (``None``: none yet): one

@@ -10,7 +10,11 @@ that makes progress writes nothing, one that stopped somewhere writes once, and 
 heartbeat traffic stays under :data:`HEARTBEATS_PER_SECOND` however many ranks it has.
 
 **Diagnosis.** A rank whose wait in one operation has lasted :data:`JUDGE_AFTER_SECONDS` asks
-to *judge* it; the first member to ask does (one request each). Once per beat the judge reads
+to *judge* it; the first member to ask does (one request each). A judge serves a term of
+:data:`JUDGE_TERM_SECONDS`; the waiting members elect one again each term (the judge asks first,
+so it stays while it waits), so that one that left or died is replaced. A point-to-point
+operation has no number the group shares: each waiting rank judges its own, reading and probing
+its peers only. Once per beat the judge reads
 every member's status in one request, and checks that the members it waits on are alive (see
 :mod:`communicator.control.liveness`). After ``stall_seconds`` (or half the timeout, if shorter)
 it judges (:func:`judge`) and posts its verdict for the other waiting members, who read it with
@@ -50,6 +54,7 @@ __all__ = [
     "BEAT_SECONDS",
     "HEARTBEATS_PER_SECOND",
     "JUDGE_AFTER_SECONDS",
+    "JUDGE_TERM_SECONDS",
     "Report",
     "Stall",
     "Verdict",
@@ -57,6 +62,7 @@ __all__ = [
     "Watcher",
     "heartbeat_seconds",
     "judge",
+    "judge_term",
     "settle_seconds",
 ]
 
@@ -66,6 +72,10 @@ BEAT_SECONDS = 1.0
 HEARTBEATS_PER_SECOND = 500.0
 #: How long a wait lasts before a member judges it (checks liveness; diagnoses after ``stall_seconds``).
 JUDGE_AFTER_SECONDS = 2.0
+#: How long a judge serves before the waiting members elect one again (see :func:`judge_term`).
+JUDGE_TERM_SECONDS = 5.0
+#: How much later than the judge the other waiting members see a term begin.
+TAKEOVER_SECONDS = 1.5
 #: Remote members probed per beat by a judge (local ones are checked by process id, for free).
 PROBES_PER_BEAT = 64
 #: Ranks a message names one by one (the rest are counted).
@@ -78,6 +88,13 @@ _CAUSE = (
     "; likely causes: a long section on those ranks (raise the timeout), a collective that only some ranks"
     " call, or a hang in their code"
 )
+
+
+def judge_term(now: float, judging: bool) -> int:
+    """The judge's term at wall time ``now``, as a rank sees it: the judge sees a term begin
+    :data:`TAKEOVER_SECONDS` before the others do, so that it is elected again while it waits, and
+    a judge that left or died is replaced within a term and that margin."""
+    return int((now + (0.0 if judging else -TAKEOVER_SECONDS)) // JUDGE_TERM_SECONDS)
 
 
 def heartbeat_seconds(world_size: int) -> float:
@@ -262,24 +279,36 @@ class Watch:
         self.watcher, self.board, self.calls, self.threshold = watcher, board, calls, threshold
         watcher.watch(board.name, calls)
 
-    def begin(self, rank: int, what: str, started: float, limit: float) -> Stall:
-        """A wait of ``what`` on ``rank`` that began at ``started`` (``time.monotonic``), allowed ``limit`` seconds."""
-        return Stall(self, rank, what, started, min(self.threshold, limit / 2))
+    def begin(self, rank: int, what: str, started: float, limit: float, peers: Sequence[int] = ()) -> Stall:
+        """A wait of ``what`` on ``rank`` that began at ``started`` (``time.monotonic``), allowed
+        ``limit`` seconds; ``peers``: the ranks a point-to-point wait waits on (only they are judged)."""
+        return Stall(self, rank, what, started, min(self.threshold, limit / 2), peers)
 
 
 class Stall:
     """One long wait: judged by one member (see the module docstring), followed by the others."""
 
-    def __init__(self, watch: Watch, rank: int, what: str, started: float, threshold: float) -> None:
+    def __init__(
+        self, watch: Watch, rank: int, what: str, started: float, threshold: float, peers: Sequence[int] = ()
+    ) -> None:
         self._watch, self._rank, self._what = watch, rank, what
+        # who is judged: every member, or for a point-to-point operation this rank and its peers (O(1) a beat)
+        event = watch.calls.event
+        self._peers = sorted(set(peers) - {rank}) if peers and event is not None and event.p2p else []
+        self._judged = sorted({rank, *self._peers}) if self._peers else list(range(len(watch.board.members)))
         self._started, self._diagnose_at = started, started + threshold
         self._next = started + min(JUDGE_AFTER_SECONDS, threshold)
-        self._judging: bool | None = None
+        self._judging = False
+        self._term = -1  # the judge's term this rank last took part in electing
         self._probed = 0  # where the next round of liveness probes starts
         self._suspect: tuple[Any, ...] | None = None  # a mismatch seen once
         self._logged = ""
-        self._followed: dict[str, Any] | None = None  # the judge's verdict record last warned of
         self.verdict: Verdict | None = None
+
+    @property
+    def judging(self) -> bool:
+        """Whether this rank judges the wait in the current term."""
+        return self._judging
 
     def tick(self, now: float) -> None:
         """Called while waiting; acts once per beat past the judging threshold."""
@@ -288,23 +317,28 @@ class Stall:
         self._next = now + BEAT_SECONDS
         calls, board = self._watch.calls, self._watch.board
         p2p = calls.event is not None and calls.event.p2p  # numbered with no one: each waiter judges its own
-        if self._judging is None:
-            self._judging = p2p or board.elect(calls.seq)
+        term = judge_term(time.time(), self._judging)
+        if term != self._term:
+            self._term = term
+            self._judging = p2p or board.elect(calls.seq, term)
         if self._judging:
             self._judge(now, calls.seq, publish=not p2p)
             return
         found = board.verdicts.get(calls.seq)
-        if found is not None and found is not self._followed and now >= self._diagnose_at:
-            self._followed = found  # the judge posts a verdict only when it says something new
-            self.verdict = Verdict.of_record(found)
-            self._warn(self.verdict, now)
+        if found is not None and now >= self._diagnose_at:
+            self.verdict = Verdict.of_record(found)  # a verdict is posted when it says something new,
+            self._log(self.verdict, now)  # and again by a new judge: warned of once
 
     def _judge(self, now: float, seq: int, publish: bool) -> None:
         reports = self._gather(now)
         self._check_alive()
         if now < self._diagnose_at:
             return
-        verdict = self.verdict = judge(self._rank, reports)
+        if self._peers:  # a transfer: what its peers are doing, whatever it is
+            sides = {r: report.describe().removeprefix("is ") for r, report in zip(self._judged, reports, strict=True)}
+            verdict = self.verdict = Verdict("waiting", "", sides, self._peers)
+        else:
+            verdict = self.verdict = judge(self._rank, reports)
         if verdict.kind == "mismatch":
             key = tuple(r.collective for r in reports)
             if self._suspect == key:
@@ -335,13 +369,14 @@ class Stall:
         return "; ".join(named + ([f"and {len(ranks) - NAMED} more"] if len(ranks) > NAMED else []))
 
     def _gather(self, now: float) -> list[Report]:
+        """The judged ranks' reports, in the order of :attr:`_judged`."""
         watch = self._watch
         members = watch.board.members
-        others = [m for i, m in enumerate(members) if i != self._rank]
+        others = [members[r] for r in self._judged if r != self._rank]
         raw = iter(watch.board.statuses(others))
         silent_after = 3 * watch.watcher.heartbeat
         reports: list[Report] = []
-        for rank in range(len(members)):
+        for rank in self._judged:
             if rank == self._rank:  # this rank's own state, live
                 reports.append(Report(describe(watch.calls), [], True))
                 continue
@@ -364,7 +399,7 @@ class Stall:
         by its probe socket on another), :data:`PROBES_PER_BEAT` members a beat."""
         board = self._watch.board
         members = board.members
-        peers = [r for r in range(len(members)) if r != self._rank and r not in board.closed()]
+        peers = [r for r in self._judged if r != self._rank and r not in board.closed()]
         if not peers:
             return
         start = self._probed % len(peers)

@@ -189,8 +189,9 @@ def wait(
         works = [part for work in works for part in (work.works if isinstance(work, Together) else (work,))]
     started = time.monotonic()
     deadline = started + limit
-    stall: Stall | None = watch.begin(rank, what, started, limit) if watch is not None else None
     p2p = [w for w in works if isinstance(w, PointToPoint)]
+    peers = [w.peer for w in p2p]  # a point-to-point operation's stall is judged among them
+    stall: Stall | None = watch.begin(rank, what, started, limit, peers) if watch is not None else None
     job = transfers.start(p2p, limit) if p2p else None
     pause = backoff(FIRST_SLICE_SECONDS, board.log.look_seconds)
     for work in works:
