@@ -32,10 +32,10 @@ _SLOWEST = 1.0  # and at least this often while one of its ranks waits
 
 
 def relay_seconds(local_size: int) -> float:
-    """How long a host's read of the store stays fresh: shorter for more ranks per host, whose
-    share of the host's looks stays at one look every 2 s each (one a second per host at most
-    for two ranks, four a second for eight or more)."""
-    return min(_SLOWEST, max(_FASTEST, 2 * _SLOWEST / max(local_size, 1)))
+    """How long a host's read of the store stays fresh: shorter for more ranks per host, so that
+    each process's share of the host's looks is at most one a second (two a second per host for
+    two ranks, four a second for four or more)."""
+    return min(_SLOWEST, max(_FASTEST, _SLOWEST / max(local_size, 1)))
 
 
 class Relay:
