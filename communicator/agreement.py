@@ -33,7 +33,7 @@ from communicator.arguments import CHECK_TAG
 from communicator.errors import CollectiveMismatchError
 from communicator.observe.events import OP
 
-__all__ = ["MAX_KEYS", "SAMPLE", "Agreement", "agree", "key"]
+__all__ = ["CHECKING", "MAX_KEYS", "SAMPLE", "Agreement", "agree", "key"]
 
 #: Every ``SAMPLE``-th collective is checked, whatever its arguments.
 SAMPLE = 1024
@@ -42,6 +42,8 @@ MAX_KEYS = 4096
 _SIDE_BYTES = 512  # one rank's description
 _VERDICT_BYTES = 4096  # rank 0's answer: empty when the ranks agree
 _NAMED = 6  # ranks a verdict shows besides rank 0
+#: What an operation's name says while its arguments are checked (as statuses and events show it).
+CHECKING = " (argument check)"
 
 
 def key(name: str, tensor: torch.Tensor, *rest: Any) -> tuple[Any, ...]:
@@ -61,7 +63,7 @@ def agree(comm: Any, arguments: tuple[Any, ...], labels: Sequence[str]) -> None:
         return
     record = calls.running
     name = record[OP]
-    record[OP] = f"{name} (argument check)"  # a rank that skipped the check is in another operation
+    record[OP] = name + CHECKING  # a rank that skipped the check is in another operation
     try:
         _compare(comm, describe(arguments, labels), calls.seq)
     finally:

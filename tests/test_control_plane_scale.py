@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from torch._C._distributed_c10d import HashStore
 
-import communicator.control.stalls as stalls
 from communicator.bench.control_plane import SCENARIOS, Clock, ranks, simulate
 
 # Linear in all, flat per rank: 16 times the ranks may cost at most 16 x 1.25 times the requests.
@@ -36,15 +35,14 @@ def test_news_costs_a_few_requests_per_rank(counts) -> None:
     assert counts[1024]["idle wait"].rate <= 2.0
 
 
-def test_a_judge_serves_while_it_waits_and_is_replaced_once_it_stops(monkeypatch: pytest.MonkeyPatch) -> None:
-    wall = [1_000_000.0]  # the terms follow the wall clock, which every process shares
-    monkeypatch.setattr(stalls.time, "time", lambda: wall[0])
-    controls = ranks(HashStore(), 4, 600.0, Clock())
-    started = 0.0
+def test_a_judge_serves_while_it_waits_and_is_replaced_once_it_stops() -> None:
+    wall = Clock()  # the terms follow the wall clock, which every process shares
+    controls = ranks(HashStore(), 4, 600.0, wall)
+    started, begun = 0.0, wall.now
     waits = [c.watch.begin(c.rank, "all_reduce", started, 600.0) for c in controls]
 
     def beat(at: float, ticking: list[int]) -> list[int]:
-        wall[0] = 1_000_000.0 + at
+        wall.now = begun + at
         for rank in ticking:
             waits[rank].tick(started + at)
         return [rank for rank in ticking if waits[rank].judging]

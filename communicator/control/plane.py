@@ -53,6 +53,7 @@ class World:
         self.root = FailureBoard(self.log, self.hosts, self.store, "", range(world_size), local_size)
         self.watcher = Watcher(self.root, self.hosts, world_rank, world_size, config.stall_seconds, threads)
         self.users = 0  # open communicators of this world
+        self.clock = clock  # wall time, which every process shares (the judges' terms follow it)
 
     def _name(self) -> str:
         """A name for this world that its processes share (one request: the first to ask names it)."""
@@ -72,7 +73,7 @@ class Control:
     def __init__(self, world: World, board: FailureBoard, rank: int, calls: CallState, config: CommConfig) -> None:
         self.world, self.board, self.rank, self._calls = world, board, rank, calls
         self.limit = config.timeout.total_seconds()
-        self.watch = Watch(world.watcher, board, calls, config.stall_seconds)
+        self.watch = Watch(world.watcher, board, calls, config.stall_seconds, world.clock)
         self.transfers = TransferWaiter()
         self.broken: CommError | None = None
         self.survivors = Survivors(board, rank)

@@ -23,8 +23,10 @@ the log they look at anyway:
 - ranks in *different collectives at the same point* (the same number, different operations; or
   every rank inside a collective and not all in the same one), or in the same collective with
   dtypes (or, where they must agree, shapes) that differ: a mismatch, which can never finish.
-  Once two looks agree, every member raises :class:`~communicator.errors.CollectiveMismatchError`
-  naming each rank's call;
+  Every member raises :class:`~communicator.errors.CollectiveMismatchError` naming each rank's
+  call: at once when ranks made different calls at one number, or the same call with different
+  dtypes or shapes; once two looks a second apart agree when they wait at different numbers, or
+  one is still in the argument check of a call another has passed (a status may be a beat old);
 - a member whose process is gone: :class:`~communicator.errors.PeerLostError` on every member;
 - otherwise some ranks are elsewhere (a long section of rank 0's, say, or a process that is
   stopped), or every rank is in the same collective and the transport has not finished it: one
@@ -41,9 +43,10 @@ import socket
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from communicator.agreement import CHECKING
 from communicator.control.board import FailureBoard
 from communicator.control.liveness import Hosts
 from communicator.control.ranks import Spans, spans_text
@@ -59,6 +62,7 @@ __all__ = [
     "Stall",
     "Verdict",
     "Watch",
+    "WATCH_SECONDS",
     "Watcher",
     "heartbeat_seconds",
     "judge",
@@ -66,8 +70,10 @@ __all__ = [
     "settle_seconds",
 ]
 
-#: How often a process looks at its own state (writing it only when needed, see above).
+#: How often a judge looks at the members' statuses.
 BEAT_SECONDS = 1.0
+#: How often a process looks at its own state (writing it only when needed, see above).
+WATCH_SECONDS = 0.5
 #: The job's status writes per second when nothing changes, whatever its size.
 HEARTBEATS_PER_SECOND = 500.0
 #: How long a wait lasts before a member judges it (checks liveness; diagnoses after ``stall_seconds``).
@@ -104,8 +110,9 @@ def heartbeat_seconds(world_size: int) -> float:
 
 
 def settle_seconds(stall_seconds: float) -> float:
-    """How long a state must last before a process writes it (a beat less than half the stall threshold)."""
-    return max(BEAT_SECONDS, min(3.0, stall_seconds / 2 - BEAT_SECONDS))
+    """How long a state must last before a process writes it (a judge's beat less than half the
+    stall threshold, at least one look of the process's own)."""
+    return max(WATCH_SECONDS, min(3.0, stall_seconds / 2 - BEAT_SECONDS))
 
 
 def describe(calls: CallState) -> dict[str, Any]:
@@ -113,8 +120,9 @@ def describe(calls: CallState) -> dict[str, Any]:
     of each field, so a change in between only makes the status a beat old)."""
     running, last = calls.event, calls.recorder.last()
     entry: dict[str, Any] = {"group": calls.group, "seq": calls.seq, "op": ""}
-    if running is not None:
-        entry.update(op=running.op, p2p=running.p2p, sizes=running.describe_sizes(), site=running.site)
+    if running is not None:  # its number and operation from one record: they always belong together
+        entry.update(seq=running.seq, op=running.op, p2p=running.p2p, sizes=running.describe_sizes())
+        entry.update(site=running.site)
         entry.update(dtypes=[str(d) for d in running.dtypes], seconds=running.since())
     elif last is not None:
         entry.update(last=f"{last.op} #{last.seq}", site=last.site, seconds=last.since())
@@ -180,7 +188,7 @@ class Watcher:
     def _run(self) -> None:
         failures = 0
         self._written = (self._state, time.monotonic())
-        while not self._stopped.wait(BEAT_SECONDS) and failures < 5:  # a store gone for good ends the thread
+        while not self._stopped.wait(WATCH_SECONDS) and failures < 10:  # a store gone for good ends the thread
             self.hosts.drain()
             try:
                 self.beat(time.monotonic())
@@ -236,6 +244,7 @@ class Verdict(NamedTuple):
     headline: str
     sides: dict[int, str]  # rank -> what it is doing (as posted: only the ranks a message names)
     awaited: Sequence[int]  # the ranks that are not in this collective
+    certain: bool = False  # a mismatch that no status a beat old can explain: one look is enough
 
     def record(self) -> dict[str, Any]:
         """The verdict as a record: O(1) in the job's size, so every waiting rank can read it."""
@@ -257,26 +266,36 @@ def judge(me: int, reports: Sequence[Report]) -> Verdict:
     for seq, op in inside.values():
         ops_at[seq].add(op)
     if any(len(ops) > 1 for ops in ops_at.values()):
-        return Verdict(
-            "mismatch", "ranks are in different collectives at the same point (none can finish)", sides, awaited
-        )
+        # Different calls at one number cannot come from a status a beat old, unless one rank is
+        # still in the argument check another has passed: then a second look must agree.
+        certain = any(len({op.removesuffix(CHECKING) for op in ops}) > 1 for ops in ops_at.values())
+        headline = "ranks are in different collectives at the same point (none can finish)"
+        return Verdict("mismatch", headline, sides, awaited, certain)
     if awaited:
         return Verdict("waiting", "", sides, awaited)
     if len(set(inside.values())) > 1:
         return Verdict("mismatch", "every rank waits, each in a different collective", sides, awaited)
     entries = [report.entry for report in reports if report.entry is not None]
     if len({str(e.get("dtypes")) for e in entries}) > 1:
-        return Verdict("mismatch", "ranks passed tensors of different dtypes to the same collective", sides, [])
+        return Verdict("mismatch", "ranks passed tensors of different dtypes to the same collective", sides, [], True)
     if inside[me][1] in EQUAL_SHAPES and len({e.get("sizes") for e in entries}) > 1:
-        return Verdict("mismatch", "ranks passed tensors of different shapes to the same collective", sides, [])
+        return Verdict("mismatch", "ranks passed tensors of different shapes to the same collective", sides, [], True)
     return Verdict("stuck", "every rank is in this collective, with the same arguments", sides, [])
 
 
 class Watch:
     """One communicator's side of the diagnosis: its board, its members' world ranks, and the threshold."""
 
-    def __init__(self, watcher: Watcher, board: FailureBoard, calls: CallState, threshold: float) -> None:
+    def __init__(
+        self,
+        watcher: Watcher,
+        board: FailureBoard,
+        calls: CallState,
+        threshold: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.watcher, self.board, self.calls, self.threshold = watcher, board, calls, threshold
+        self.clock = clock  # wall time: the judges' terms follow it on every rank
         watcher.watch(board.name, calls)
 
     def begin(self, rank: int, what: str, started: float, limit: float, peers: Sequence[int] = ()) -> Stall:
@@ -295,7 +314,7 @@ class Stall:
         # who is judged: every member, or for a point-to-point operation this rank and its peers (O(1) a beat)
         event = watch.calls.event
         self._peers = sorted(set(peers) - {rank}) if peers and event is not None and event.p2p else []
-        self._judged = sorted({rank, *self._peers}) if self._peers else list(range(len(watch.board.members)))
+        self._judged: Sequence[int] = sorted({rank, *self._peers}) if self._peers else range(len(watch.board.members))
         self._started, self._diagnose_at = started, started + threshold
         self._next = started + min(JUDGE_AFTER_SECONDS, threshold)
         self._judging = False
@@ -317,7 +336,7 @@ class Stall:
         self._next = now + BEAT_SECONDS
         calls, board = self._watch.calls, self._watch.board
         p2p = calls.event is not None and calls.event.p2p  # numbered with no one: each waiter judges its own
-        term = judge_term(time.time(), self._judging)
+        term = judge_term(self._watch.clock(), self._judging)
         if term != self._term:
             self._term = term
             self._judging = p2p or board.elect(calls.seq, term)
@@ -341,7 +360,7 @@ class Stall:
             verdict = self.verdict = judge(self._rank, reports)
         if verdict.kind == "mismatch":
             key = tuple(r.collective for r in reports)
-            if self._suspect == key:
+            if self._suspect == key or verdict.certain:  # otherwise a second look must agree
                 error = CollectiveMismatchError(verdict.sides, verdict.headline)
                 self._watch.board.post_mismatch(self._rank, error)
                 raise error
@@ -399,7 +418,8 @@ class Stall:
         by its probe socket on another), :data:`PROBES_PER_BEAT` members a beat."""
         board = self._watch.board
         members = board.members
-        peers = [r for r in self._judged if r != self._rank and r not in board.closed()]
+        closed = board.closed()
+        peers = [r for r in self._judged if r != self._rank and r not in closed]
         if not peers:
             return
         start = self._probed % len(peers)
