@@ -3,9 +3,14 @@ against a store that counts requests (no timing, so it holds on any machine)."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+import time
+
 import pytest
 from torch._C._distributed_c10d import HashStore
 
+import communicator.control.relay as relay
 from communicator.bench.control_plane import SCENARIOS, Clock, ranks, simulate
 
 # Linear in all, flat per rank: 16 times the ranks may cost at most 16 x 1.25 times the requests.
@@ -52,3 +57,18 @@ def test_a_judge_serves_while_it_waits_and_is_replaced_once_it_stops() -> None:
     others = [r for r in range(4) if r != first[0][0]]
     later = [beat(float(at), others) for at in range(14, 24)]
     assert len(later[-1]) == 1 and later[-1][0] in others  # the judge stopped waiting: another took over
+
+
+def test_relays_left_by_killed_processes_are_removed_after_a_day(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(relay, "_swept", False)
+    folder = tmp_path / f"communicator-{os.getuid()}"
+    folder.mkdir(mode=0o700)
+    old, recent = folder / "old-h0.relay", folder / "recent-h0.relay"
+    for path in (old, recent):
+        path.write_bytes(b"1 {}\n")
+    day_ago = time.time() - relay.STALE_SECONDS - 60
+    os.utime(old, (day_ago, day_ago))
+    made = relay.Relay.open("new", "h0", 4)
+    assert made is not None and made.path.parent == folder
+    assert not old.exists() and recent.exists()

@@ -10,7 +10,8 @@ request. The store then sees about one look per host per period, whatever the ra
 A record reaches a waiting rank within one period plus one local look (:data:`LOCAL_LOOK_SECONDS`).
 A process that finds the file gone or replaced reads it again from the start: records carry their
 numbers, so none is taken twice. A host whose temporary directory cannot hold the file (or a
-world of one rank per host) reads the store directly, as before.
+world of one rank per host) reads the store directly, as before. A process removes its relay
+when its world stops; ones left by killed processes are removed after :data:`STALE_SECONDS`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ __all__ = ["LOCAL_LOOK_SECONDS", "Relay", "Turn", "relay_seconds"]
 
 #: How often a waiting rank reads the relay (a file read: no store request).
 LOCAL_LOOK_SECONDS = 0.25
+#: How long a relay nobody reads or writes stays in the temporary directory.
+STALE_SECONDS = 86_400.0
 _FASTEST = 0.25  # the host reads the store at most this often
 _SLOWEST = 1.0  # and at least this often while one of its ranks waits
+_swept = False  # whether this process removed the stale relays already
 
 
 def relay_seconds(local_size: int) -> float:
@@ -61,6 +65,7 @@ class Relay:
             return None
         if state.st_uid != os.getuid() or state.st_mode & 0o077:
             return None
+        _sweep(folder)
         return cls(folder / f"{token}-{host}.relay", relay_seconds(local_size), clock)
 
     def read(self) -> list[tuple[int, bytes]]:
@@ -130,6 +135,21 @@ class Relay:
     def remove(self) -> None:
         with contextlib.suppress(OSError):
             self.path.unlink()
+
+
+def _sweep(folder: Path) -> None:
+    """Remove, once per process, the relays nobody has used for a day: their processes were killed
+    (one that closes removes its own), and a relay still in use is made again at its next read."""
+    global _swept
+    if _swept:
+        return
+    _swept = True
+    stale = time.time() - STALE_SECONDS
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.name.endswith(".relay") and entry.stat().st_mtime < stale:
+                    os.unlink(entry.path)
 
 
 class Turn:
