@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from doc_snippets import README, ROOT, snippets
 
-VENV = "python3 -m venv .venv && . .venv/bin/activate && "
+VENV = "python3 -m venv --clear .venv && . .venv/bin/activate && "
 DEMO = VENV + "python -m pip install torch==2.13.0 && python -m pip install -e . && python -m communicator demo"
 TESTS = VENV + (
     'python -m pip install torch==2.13.0 && python -m pip install -e ".[test,docs,bench]" '
