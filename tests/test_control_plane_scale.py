@@ -72,3 +72,16 @@ def test_relays_left_by_killed_processes_are_removed_after_a_day(tmp_path, monke
     made = relay.Relay.open("new", "h0", 4)
     assert made is not None and made.path.parent == folder
     assert not old.exists() and recent.exists()
+
+
+def test_a_relay_made_again_after_its_removal_is_read_from_its_start(tmp_path) -> None:
+    # The new file may get the old one's inode: its first line tells it apart.
+    path = tmp_path / "w-h0.relay"
+    first, second = relay.Relay(path, 0.25), relay.Relay(path, 0.25)
+    with first.turn() as turn:
+        turn.hand([(1, b'{"kind": "closed"}')])
+    assert second.read() == [(1, b'{"kind": "closed"}')] and first.read() == []
+    first.remove()
+    with second.turn() as turn:  # due: nobody read the store for the new file
+        turn.hand([(2, b'{"kind": "fail", "board": "", "rank": 0}')])
+    assert first.read() == [(2, b'{"kind": "fail", "board": "", "rank": 0}')]

@@ -21,6 +21,7 @@ import fcntl
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -33,6 +34,7 @@ STALE_SECONDS = 86_400.0
 _FASTEST = 0.25  # the host reads the store at most this often
 _SLOWEST = 1.0  # and at least this often while one of its ranks waits
 _swept = False  # whether this process removed the stale relays already
+_HEAD_SIZE = 34  # a relay's first line: "#", a random name in 32 hex digits, a newline
 
 
 def relay_seconds(local_size: int) -> float:
@@ -48,7 +50,7 @@ class Relay:
     def __init__(self, path: Path, seconds: float, clock: Callable[[], float] = time.time) -> None:
         self.path, self.seconds, self._clock = path, seconds, clock
         self._offset = 0
-        self._inode = -1
+        self._head = b""  # the first line of the file last read: which file it was
         self._stamp = 0.0  # when the host last read the store, as the file said at the last read
 
     @classmethod
@@ -80,10 +82,14 @@ class Relay:
             os.close(fd)
 
     def _read(self, fd: int) -> list[tuple[int, bytes]]:
-        state = os.fstat(fd)
-        inode, self._stamp = state.st_ino, state.st_mtime
-        if inode != self._inode:  # a new file: from its start
-            self._inode, self._offset = inode, 0
+        self._stamp = os.fstat(fd).st_mtime
+        # A file made again after a removal may get the old one's inode: its own first line, a
+        # random name its maker wrote, tells it apart.
+        head = os.pread(fd, _HEAD_SIZE, 0)
+        if len(head) < _HEAD_SIZE:  # its maker has not named it yet: nothing in it
+            return []
+        if head != self._head:  # a new file: from its start
+            self._head, self._offset = head, _HEAD_SIZE
         data = os.pread(fd, 1 << 24, self._offset)
         complete = data[: data.rfind(b"\n") + 1]  # a line being appended is read next time
         self._offset += len(complete)
@@ -102,7 +108,8 @@ class Relay:
         it within the period, or reads it right now."""
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
-            os.utime(fd, (0, 0))  # created now: never read yet
+            os.write(fd, b"#%s\n" % uuid.uuid4().hex.encode())  # its name: _HEAD_SIZE bytes
+            os.utime(fd, (0, 0))  # made now: the store never read for it yet
         except FileExistsError:
             fd = -1
         except OSError:
@@ -111,10 +118,10 @@ class Relay:
             if fd < 0:
                 fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            offset, inode = self._offset, self._inode
+            offset, head = self._offset, self._head
             records = self._read(fd)
             if not self.due():  # read by another process since: leave its records for the next read
-                self._offset, self._inode = offset, inode
+                self._offset, self._head = offset, head
                 os.close(fd)
                 return None
             return Turn(self, fd, records)
