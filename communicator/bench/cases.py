@@ -24,12 +24,14 @@ REFERENCE = ("raw_all_gather",)
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """A named payload, built on each rank from (rank, world size, sizes), and the ops timed on it."""
+    """A named payload, built on each rank from (rank, world size, sizes), and the ops timed on it;
+    ``phases``: its object ops are also split into serialising, transfer and deserialising."""
 
     name: str
     describe: str
     build: Callable[[int, int, Sizes], Any]
     ops: tuple[str, ...]
+    phases: bool = False
 
 
 def _unequal(rank: int, world: int, sizes: Sizes) -> Any:
@@ -45,6 +47,7 @@ CASES = (
         "small per-image dicts (id, bbox, score, label)",
         lambda rank, world, sizes: eval_records(rank, sizes.records),
         (*LIST_OPS, *REFERENCE),
+        phases=True,  # many small objects: where pickling weighs most
     ),
     Case(
         "arrays",

@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Sequence
 
 from communicator.bench.ops import OURS
+from communicator.bench.phases import Phases
 from communicator.bench.timing import Call, Timings
 
 __all__ = ["CaseRun", "all_correct"]
@@ -18,6 +19,7 @@ class CaseRun:
     describe: str
     bytes_per_rank: list[int]  # each rank's pickled payload
     timings: Timings
+    phases: list[Phases] = dataclasses.field(default_factory=list)  # for a case with phases
 
     def ops(self) -> list[str]:
         """The ops of the case, in the order they ran."""

@@ -1,5 +1,5 @@
 """The timed operations, each written once per implementation: this library, torch.distributed,
-mmengine.dist, and the floor (:mod:`.floor`).
+mmengine.dist, and the two floors (:mod:`.floor`).
 
 An implementation is ``fn(context, data) -> result``. Every rank calls the same implementations in
 the same order, so the collectives inside them line up.
@@ -20,10 +20,11 @@ import torch.distributed as dist
 
 from communicator.base import Communicator
 from communicator.bench.compare import same_objects, same_reductions
-from communicator.bench.floor import FLOOR, FLOOR_IMPLS, floor_valid
+from communicator.bench.floor import FLOOR, FLOOR_FRESH, FLOOR_IMPLS, floor_valid
 
 __all__ = [
     "FLOOR",
+    "FLOOR_FRESH",
     "IMPLS",
     "MMENGINE",
     "MMENGINE_GPU",
@@ -42,7 +43,7 @@ TORCH = "torch"
 MMENGINE = "mmengine"
 MMENGINE_GPU = "mmengine_gpu"
 #: Every implementation name, in the order the report shows them.
-IMPLS = (OURS, OURS_SAFE, TORCH, MMENGINE, MMENGINE_GPU, FLOOR)
+IMPLS = (OURS, OURS_SAFE, TORCH, MMENGINE, MMENGINE_GPU, FLOOR, FLOOR_FRESH)
 DST = SRC = 0
 
 
@@ -74,7 +75,7 @@ class Op:
     impls: Mapping[str, Impl]
     same: Callable[[Any, Any], bool]  # (ours, theirs) -> whether theirs is right
     prepare: Prepare
-    # Implementations with an input of their own (the floor's preallocated buffers), checked on their own.
+    # Implementations with an input of their own (the floors' blocks), checked on their own.
     own_inputs: Mapping[str, Prepare] = dataclasses.field(default_factory=dict)
     own_checks: Mapping[str, Callable[[Any], bool]] = dataclasses.field(default_factory=dict)
 
@@ -209,16 +210,16 @@ def build_ops(mm: ModuleType | None) -> dict[str, Op]:
     }
     for name, extra in (_mmengine_impls(mm) if mm is not None else {}).items():
         impls[name].update(extra)
-    for name, (floor, _) in FLOOR_IMPLS.items():
-        impls[name][FLOOR] = floor
+    for name, floors in FLOOR_IMPLS.items():
+        impls[name].update({floor: impl for floor, (impl, _) in floors.items()})
     return {
         name: Op(
             name,
             table,
             _SAME.get(name, same_objects),
             _PREPARE.get(name, _as_is),
-            {FLOOR: FLOOR_IMPLS[name][1]} if name in FLOOR_IMPLS else {},
-            {FLOOR: floor_valid} if name in FLOOR_IMPLS else {},
+            {floor: prepare for floor, (_, prepare) in FLOOR_IMPLS.get(name, {}).items()},
+            dict.fromkeys(FLOOR_IMPLS.get(name, {}), floor_valid),
         )
         for name, table in impls.items()
     }

@@ -1,13 +1,15 @@
-"""The ``overhead`` case: what one small call costs, ours against ``torch.distributed``'s, in one run.
+"""The ``overhead`` case: what one small call costs, ours against ``torch.distributed``'s and its
+wrappers' (``mmengine.dist``, ``ignite.distributed``), in one run.
 
-On every rank, for each operation, blocks of ``CALLS`` calls alternate between this library and
-torch (which one goes first alternates with the round), after a warm-up; a block's time per
-call is the slowest rank's (the ranks' times are reduced after the clock stops), and a row reports
-the medians over the rounds and the median of the rounds' ratios ours/torch with its confidence
-interval (:mod:`.spread`), judged against the target. While the interval straddles the target,
-more rounds run, up to a cap: every rank holds the same reduced times, so every rank decides the
-same. Two more rows price the observation machinery: the same one-element ``all_reduce`` on a
-communicator that gathers statistics (``stats=True``) against one that does not, and what
+On every rank, for each operation and each peer, blocks of ``calls`` calls (1,000 by default)
+alternate between this library and the peer (which one goes first alternates with the round),
+after a warm-up; a block's time per call is the slowest rank's (the ranks' times are reduced after
+the clock stops), and a row reports the medians over the rounds and the median of the rounds'
+ratios ours/theirs with its confidence interval (:mod:`.spread`), judged against the target.
+While the interval straddles the target, more rounds run, up to a cap: every rank holds the same
+reduced times, so every rank decides the same. A peer that is not installed, or fails, gives a
+row of n/a. Two more rows price the observation machinery: the same one-element ``all_reduce`` on
+a communicator that gathers statistics (``stats=True``) against one that does not, and what
 recording one call costs (the event, the flight recorder, the checks for hooks, statistics and
 the profiler), timed in-process without communication.
 """
@@ -15,50 +17,60 @@ the profiler), timed in-process without communication.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import statistics
 import time
 import timeit
 from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from communicator.base import Communicator
+from communicator.bench.ops import MMENGINE, TORCH, load_mmengine
+from communicator.bench.scaling import oversubscribed
 from communicator.bench.spread import CONFIDENCE, MIN_ROUNDS, WITHIN_NOISE, Progress, Spread, judge, spread_of
 from communicator.guard import CallState
 from communicator.spawn import launch
 
-__all__ = ["RECORDING_TARGET_US", "OverheadRow", "Recording", "format_overhead", "run_overhead"]
+__all__ = ["CALLS", "IGNITE", "RECORDING_TARGET_US", "OverheadRow", "Recording", "format_overhead", "run_overhead"]
 
-CALLS = 20  # calls per timed block: short blocks, alternating often, share the machine's noise
+CALLS = 1000  # calls per timed block: a call's cost averaged over many, rounds alternating to share the noise
 WARMUP = 50
 RECORDING_CALLS = 20_000  # per timed run: short runs, so that the noise shows as spread between them
 RECORDING_RUNS = 7
 RECORDING_TARGET_US = 1.0
+IGNITE = "ignite"
+OFF = "ours, off"
+PACKAGES = {MMENGINE: "mmengine", IGNITE: "pytorch-ignite"}  # what pip installs, per peer
 
 
 @dataclasses.dataclass(frozen=True)
 class OverheadRow:
     """One comparison: medians in microseconds per call; ``spread``, the median over the rounds of
     ours over theirs in the same round (adjacent blocks share the machine's state) and its interval;
-    the target."""
+    the target. Without a baseline (``missing`` says why) the times and the spread are ``None``."""
 
     name: str
     baseline: str
-    baseline_us: float
-    ours_us: float
-    spread: Spread
+    baseline_us: float | None
+    ours_us: float | None
+    spread: Spread | None
     target: float | None
+    missing: str | None = None
 
     @property
-    def ratio(self) -> float:
-        return self.spread.median
+    def ratio(self) -> float | None:
+        return None if self.spread is None else self.spread.median
 
     @property
     def verdict(self) -> str | None:
-        """``met``, ``missed``, ``within noise``, or ``None`` without a target."""
+        """``met``, ``missed``, ``within noise``, ``n/a`` without a baseline, or ``None`` without a target."""
+        if self.spread is None:
+            return "n/a"
         return None if self.target is None else judge(self.spread, at_most=self.target)
 
 
@@ -73,14 +85,37 @@ class Recording:
         return judge(self.spread, at_most=RECORDING_TARGET_US)
 
 
-def _block(fn: Callable[[], Any]) -> float:
+def load_ignite() -> ModuleType | None:
+    """``ignite.distributed`` when it is installed, synchronised once with the process group that
+    exists now (so its calls go to it, not to a world of one)."""
+    try:
+        idist = importlib.import_module("ignite.distributed")
+    except ImportError:
+        return None
+    idist.sync()
+    return idist
+
+
+def _block(fn: Callable[[], Any], calls: int) -> float:
     dist.barrier()
     start = time.perf_counter()
-    for _ in range(CALLS):
+    for _ in range(calls):
         fn()
-    mine = torch.tensor([(time.perf_counter() - start) / CALLS])
+    mine = torch.tensor([(time.perf_counter() - start) / calls])
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the slowest rank's, after the clock stopped
     return float(mine.item()) * 1e6
+
+
+def _failure(fn: Callable[[], Any]) -> str | None:
+    """Why one call of a peer failed on some rank, agreed on every rank; ``None`` when it ran everywhere."""
+    try:
+        fn()
+        error = None
+    except Exception as failed:  # noqa: BLE001 - reported as n/a with the reason, as the cases report a peer
+        error = f"{type(failed).__name__}: {failed}".splitlines()[0]
+    anywhere = torch.tensor([0.0 if error is None else 1.0])
+    dist.all_reduce(anywhere, op=dist.ReduceOp.MAX)
+    return error or ("failed on another rank" if anywhere.item() else None)
 
 
 def _more(planned: int, rounds: int, cap: int) -> int:
@@ -91,6 +126,7 @@ def _more(planned: int, rounds: int, cap: int) -> int:
 def _compare(
     rounds: int,
     cap: int,
+    calls: int,
     theirs: Callable[[], Any],
     ours: Callable[[], Any],
     target: float | None,
@@ -106,7 +142,7 @@ def _compare(
         for round_ in range(len(times[0]), planned):
             order = ((0, theirs), (1, ours)) if round_ % 2 == 0 else ((1, ours), (0, theirs))
             for index, fn in order:
-                times[index].append(_block(fn))
+                times[index].append(_block(fn, calls))
             progress.say(f"round {round_ + 1} of {planned}", force=round_ + 1 == planned)
         spread = spread_of([mine / base for base, mine in zip(*times, strict=True)])
         if target is None or planned >= cap or judge(spread, at_most=target) != WITHIN_NOISE:
@@ -133,43 +169,64 @@ def _recording(comm: Communicator, cap: int, progress: Progress) -> Spread:
         progress.say(f"recording one call: {spread.text(' us')} straddles 1 us: up to {planned} runs", force=True)
 
 
-def _overhead_rank(comm: Communicator, rounds: int, cap: int) -> tuple[list[OverheadRow], Recording]:
-    one = torch.ones(1)
+def _overhead_rank(comm: Communicator, rounds: int, cap: int, calls: int) -> tuple[list[OverheadRow], Recording]:
+    one = torch.zeros(1)  # reduced in place again and again: zeros stay finite (ones would reach inf)
     outputs = [torch.empty(1) for _ in range(comm.world_size)]
+    mm, idist = load_mmengine(), load_ignite()
 
-    def progress(name: str) -> Progress:
-        return Progress(f"overhead, world size {comm.world_size}: {name}: ", enabled=comm.rank == 0)
+    def progress(name: str, baseline: str | None = None) -> Progress:
+        against = "" if baseline is None else f" ({baseline})"
+        return Progress(f"overhead, world size {comm.world_size}: {name}{against}: ", enabled=comm.rank == 0)
 
-    pairs: list[tuple[str, str, Callable[[], Any], Callable[[], Any], float | None]] = [
-        ("all_reduce, 1 element", "torch", lambda: dist.all_reduce(one), lambda: comm.all_reduce(one), 1.10),
-        ("broadcast, 1 element", "torch", lambda: dist.broadcast(one, 0), lambda: comm.broadcast(one, 0), 1.10),
-        ("barrier", "torch", dist.barrier, comm.barrier, 1.10),
+    def all_reduce() -> None:
+        comm.all_reduce(one)
+
+    def broadcast() -> None:
+        comm.broadcast(one, 0)
+
+    # (operation, baseline, their call or None where the peer is not installed, ours, target)
+    pairs: list[tuple[str, str, Callable[[], Any] | None, Callable[[], Any], float | None]] = [
+        ("all_reduce, 1 element", TORCH, lambda: dist.all_reduce(one), all_reduce, 1.05),
+        ("all_reduce, 1 element", MMENGINE, None if mm is None else lambda: mm.all_reduce(one), all_reduce, 1.0),
+        ("all_reduce, 1 element", IGNITE, None if idist is None else lambda: idist.all_reduce(one), all_reduce, 1.0),
+        ("broadcast, 1 element", TORCH, lambda: dist.broadcast(one, 0), broadcast, 1.05),
+        ("broadcast, 1 element", MMENGINE, None if mm is None else lambda: mm.broadcast(one, 0), broadcast, 1.0),
+        (
+            "broadcast, 1 element",
+            IGNITE,
+            None if idist is None else lambda: idist.broadcast(one, src=0),
+            broadcast,
+            1.0,
+        ),
+        ("barrier", TORCH, dist.barrier, comm.barrier, 1.10),
         (
             "all_gather, 1 element, same_shape=True",
-            "torch",
+            TORCH,
             lambda: dist.all_gather(outputs, one),
             lambda: comm.all_gather(one, same_shape=True),
             1.20,
         ),
         (
             "all_gather, 1 element, shapes may differ",
-            "torch",
+            TORCH,
             lambda: dist.all_gather(outputs, one),
             lambda: comm.all_gather(one),
             None,
         ),
     ]
-    rows = [
-        OverheadRow(name, baseline, *_compare(rounds, cap, theirs, ours, target, progress(name)), target)
-        for name, baseline, theirs, ours, target in pairs
-    ]
+    rows = []
+    for name, baseline, theirs, ours, target in pairs:
+        missing = f"not installed (pip install {PACKAGES[baseline]})" if theirs is None else _failure(theirs)
+        if theirs is None or missing is not None:
+            rows.append(OverheadRow(name, baseline, None, None, None, target, missing))
+        else:
+            compared = _compare(rounds, cap, calls, theirs, ours, target, progress(name, baseline))
+            rows.append(OverheadRow(name, baseline, *compared, target))
     # Last, since a communicator gathering statistics makes every call in the process look for observers.
     with Communicator.create({"backend": "gloo", "stats": True}) as counted:  # the same group, adopted
         name = "all_reduce, 1 element, statistics on"
-        compared = _compare(
-            rounds, cap, lambda: comm.all_reduce(one), lambda: counted.all_reduce(one), 1.05, progress(name)
-        )
-        rows.append(OverheadRow(name, "ours, off", *compared, 1.05))
+        compared = _compare(rounds, cap, calls, all_reduce, lambda: counted.all_reduce(one), 1.05, progress(name, OFF))
+        rows.append(OverheadRow(name, OFF, *compared, 1.05))
     recording = None
     if comm.rank == 0:  # the other ranks wait, off the cores
         recording = _recording(comm, max(RECORDING_RUNS, cap * RECORDING_RUNS // rounds), progress("recording"))
@@ -177,10 +234,13 @@ def _overhead_rank(comm: Communicator, rounds: int, cap: int) -> tuple[list[Over
     return rows, Recording(recording or spread_of([0.0]))
 
 
-def run_overhead(world_size: int, rounds: int, cap: int, timeout: float) -> tuple[list[OverheadRow], Recording]:
-    """The rows (the slowest rank's medians; up to ``cap`` rounds where a ratio straddles its
-    target) and the recording cost measured on rank 0."""
-    results = launch(_overhead_rank, world_size, {"backend": "gloo"}, (rounds, max(cap, rounds)), timeout=timeout)
+def run_overhead(
+    world_size: int, rounds: int, cap: int, timeout: float, calls: int = CALLS
+) -> tuple[list[OverheadRow], Recording]:
+    """The rows (the slowest rank's medians of blocks of ``calls`` calls; up to ``cap`` rounds where
+    a ratio straddles its target) and the recording cost measured on rank 0."""
+    config = {"backend": "gloo"}
+    results = launch(_overhead_rank, world_size, config, (rounds, max(cap, rounds), calls), timeout=timeout)
     rows, recording = results[0]
     return rows, recording
 
@@ -192,23 +252,19 @@ def _load() -> str:
         return ""
 
 
-def format_overhead(rows: Sequence[OverheadRow], recording: Recording, world_size: int) -> str:
+def _cells(row: OverheadRow) -> tuple[str, str, str, str]:
+    if row.spread is None or row.baseline_us is None or row.ours_us is None:
+        return "n/a", "n/a", "n/a", "n/a"
+    return f"{row.baseline_us:.1f}", f"{row.ours_us:.1f}", row.spread.text(digits=3), str(row.spread.rounds)
+
+
+def format_overhead(rows: Sequence[OverheadRow], recording: Recording, world_size: int, calls: int = CALLS) -> str:
     """The table: each ratio with its interval, and a verdict only where the interval allows one."""
     header = ("operation", "against", "theirs us", "ours us", "ours/theirs [interval]", "rounds", "target", "verdict")
-    lines = [header]
+    lines: list[tuple[str, ...]] = [header]
     for row in rows:
-        lines.append(
-            (
-                row.name,
-                row.baseline,
-                f"{row.baseline_us:.1f}",
-                f"{row.ours_us:.1f}",
-                row.spread.text(digits=3),
-                str(row.spread.rounds),
-                "-" if row.target is None else f"<= {row.target:.2f}",
-                row.verdict or "",
-            )
-        )
+        target = "-" if row.target is None else f"<= {row.target:.2f}"
+        lines.append((row.name, row.baseline, *_cells(row), target, row.verdict or ""))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     table = "\n".join(
         "  ".join(
@@ -217,10 +273,12 @@ def format_overhead(rows: Sequence[OverheadRow], recording: Recording, world_siz
         ).rstrip()
         for line in lines
     )
-    spread = recording.spread
+    missing = "".join(f"\nn/a: {row.name} against {row.baseline}: {row.missing}" for row in rows if row.missing)
+    spread, crowded = recording.spread, oversubscribed(world_size)
     return (
-        f"overhead: world size {world_size}, rounds of {CALLS} calls, slowest rank per round{_load()}\n"
-        f"{table}\n"
+        f"overhead: world size {world_size}{', ' + crowded if crowded else ''}, rounds of {calls} calls,"
+        f" slowest rank per round{_load()}\n"
+        f"{table}{missing}\n"
         f"recording one call (no hooks, statistics off), median of {spread.rounds} runs of {RECORDING_CALLS}:"
         f" {spread.text(' us')}, target < {RECORDING_TARGET_US:g} us: {recording.verdict}\n"
         f"[interval]: {CONFIDENCE * 100:.0f} % confidence interval of the median; a verdict only where it lies"

@@ -1,4 +1,5 @@
-"""The JSON record of a run: every median, raw time, ratio, check and target."""
+"""The JSON record of a run: per world size, every median, raw time, ratio, cost per byte, check
+and target."""
 
 from __future__ import annotations
 
@@ -10,19 +11,20 @@ from typing import Any
 
 import torch
 
+from communicator.bench.floor import FLOOR, FLOOR_FRESH
 from communicator.bench.measured import CaseRun, all_correct
-from communicator.bench.ops import FLOOR, IMPLS, OURS
-from communicator.bench.run import Plan
+from communicator.bench.ops import IMPLS, OURS
+from communicator.bench.scaling import bytes_moved, oversubscribed, us_per_mib
 from communicator.bench.targets import RAW, evaluate
 
-__all__ = ["to_json"]
+__all__ = ["cases_record", "environment", "world_record"]
 
 
 def _call_record(run: CaseRun, op: str, impl: str) -> dict[str, Any]:
     call = (op, impl)
     if call in run.timings.errors:
         return {"error": run.timings.errors[call], "correct": False}
-    return {
+    record = {
         "median_ms": run.median_ms(call),
         "times_ms": [t * 1000 for t in run.timings.seconds[call]],
         "loops": run.timings.loops[call],
@@ -30,17 +32,21 @@ def _call_record(run: CaseRun, op: str, impl: str) -> dict[str, Any]:
         # how far each rank's resident memory grew at its peak during the checked call
         "peak_mib_per_rank": [b / 2**20 for b in run.timings.peak_bytes[call]],
     }
+    if bytes_moved(op, run.bytes_per_rank) is not None:
+        record["us_per_mib"] = us_per_mib(run, op, impl)  # the median over the bytes the op moves
+    return record
 
 
 def _ratios(run: CaseRun, op: str) -> dict[str, float]:
-    """Each other implementation's median over this library's default; the floor's the other way
+    """Each other implementation's median over this library's default; the floors' the other way
     round (``ours/floor`` above 1: slower than the floor)."""
     ours = run.median_ms((op, OURS))
     ratios = {}
     for impl in run.impls(op):
         theirs = run.median_ms((op, impl))
-        if impl == FLOOR and theirs and ours is not None:
-            ratios[f"{OURS}/{FLOOR}"] = ours / theirs
+        if impl in (FLOOR, FLOOR_FRESH):
+            if theirs and ours is not None:
+                ratios[f"{OURS}/{impl}"] = ours / theirs
         elif impl != OURS and theirs is not None and ours:
             ratios[f"{impl}/{OURS}"] = theirs / ours
     raw = run.median_ms(RAW)
@@ -49,14 +55,31 @@ def _ratios(run: CaseRun, op: str) -> dict[str, float]:
     return ratios
 
 
-def _case_record(run: CaseRun) -> dict[str, Any]:
-    ops = {
-        op: {
-            "impls": {impl: _call_record(run, op, impl) for impl in IMPLS if impl in run.impls(op)},
-            "ratios": _ratios(run, op),
-        }
-        for op in run.ops()
+def _op_record(run: CaseRun, op: str) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "impls": {impl: _call_record(run, op, impl) for impl in IMPLS if impl in run.impls(op)},
+        "ratios": _ratios(run, op),
     }
+    moved = bytes_moved(op, run.bytes_per_rank)
+    if moved is not None:
+        record["bytes_moved"] = moved
+    phases = [phase for phase in run.phases if phase.op == op]
+    if phases:
+        record["phases"] = {
+            phase.impl: {
+                "serialise_ms": phase.serialise_ms,
+                "transfer_ms": phase.transfer_ms,
+                "deserialise_ms": phase.deserialise_ms,
+                "total_ms": phase.total_ms,
+                "rounds": phase.rounds,
+            }
+            for phase in phases
+        }
+    return record
+
+
+def _case_record(run: CaseRun) -> dict[str, Any]:
+    ops = {op: _op_record(run, op) for op in run.ops()}
     return {"describe": run.describe, "bytes_per_rank": run.bytes_per_rank, "ops": ops}
 
 
@@ -67,23 +90,25 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _environment() -> dict[str, Any]:
+def environment() -> dict[str, Any]:
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
         "mmengine": _version("mmengine"),
+        "ignite": _version("pytorch-ignite"),
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
     }
 
 
-def to_json(plan: Plan, runs: Sequence[CaseRun], quick: bool) -> dict[str, Any]:
+def world_record(world_size: int) -> dict[str, Any]:
+    """The head of one world size's record: whether its ranks outnumber the cores."""
+    return {"world_size": world_size, "cores": os.cpu_count(), "oversubscribed": oversubscribed(world_size) is not None}
+
+
+def cases_record(runs: Sequence[CaseRun], quick: bool) -> dict[str, Any]:
+    """The cases of one world size."""
     return {
-        "world_size": plan.world_size,
-        "repeat": plan.repeat,
-        "max_repeat": plan.max_repeat,
-        "quick": quick,
-        "environment": _environment(),
         "all_correct": all_correct(runs),
         "cases": {run.case: _case_record(run) for run in runs},
         # Targets are set for the full payloads; a quick run does not judge them.

@@ -19,6 +19,7 @@ from communicator.bench.cases import CASES, Case
 from communicator.bench.measured import CaseRun
 from communicator.bench.ops import Context, Op, build_ops, load_mmengine
 from communicator.bench.payloads import Sizes
+from communicator.bench.phases import time_phases
 from communicator.bench.spread import Progress
 from communicator.bench.targets import straddling
 from communicator.bench.timing import time_case
@@ -74,7 +75,12 @@ def _run_case(context: Context, ops: dict[str, Op], case: Case, plan: Plan) -> C
         max_repeat=plan.max_repeat,
         progress=functools.partial(progress.say, force=True),  # a round of a case takes seconds: say each
     )
-    return CaseRun(case.name, case.describe, lengths, timings)
+    phases = []
+    if case.phases:
+        _progress(f"{case.name}: serialise, transfer and deserialise apart, {plan.repeat} rounds")
+        payloads = [case.build(rank, dist.get_world_size(), plan.sizes) for rank in range(dist.get_world_size())]
+        phases = time_phases(context, selected, inputs, payloads, plan.repeat, timings.loops)
+    return CaseRun(case.name, case.describe, lengths, timings, phases)
 
 
 def _bench_rank(comm: Communicator, plan: Plan, scratch: str) -> tuple[list[CaseRun], str | None] | None:
