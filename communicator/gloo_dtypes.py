@@ -8,6 +8,10 @@ result: int16 and uint16 in int32, uint32 in int64, float8 in float32 (then roun
 uint64 in int64, which adds and multiplies the same bits; for its min and max the top bit is
 flipped first, which maps unsigned order onto signed order. The narrowing copy back wraps around
 as the native type would.
+
+torch's NCCL group refuses int16 too ("Input tensor data type is not supported for NCCL process
+group: Short") and the other dtypes its type table lacks, so ``TorchComm`` converts under every
+backend: the conversions are exact, and a dtype a backend carries passes through untouched.
 """
 
 from __future__ import annotations

@@ -4,25 +4,29 @@ parameter, an inference tensor), and the write-back of the result into the user'
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 
 from communicator.control.waiting import PointToPoint, Together
 from communicator.handles import Work
 
-__all__ = ["editing", "stage", "while_editing", "write_back"]
+__all__ = ["editing", "homed", "stage", "while_editing", "write_back"]
+
+T = TypeVar("T")
 
 
 def stage(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``tensor`` as the backend needs it: contiguous and on ``device`` (the tensor itself when it is)."""
-    if not (tensor.is_cpu and device.type == "cpu") and tensor.device != device:
+    if tensor.is_cpu if device.type == "cpu" else tensor.device == device:
+        if tensor.is_contiguous() and tensor.numel():
+            return tensor
+    else:
         with editing(tensor):
             return tensor.to(device).contiguous()
     if tensor.is_contiguous():
-        if tensor.numel():
-            return tensor
         # An empty tensor counts as contiguous whatever its strides, but a stride-0 one cannot be
         # viewed as bytes or as real parts: the backend gets an ordinary empty tensor.
         return torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
@@ -47,6 +51,23 @@ def write_back(tensor: torch.Tensor, staged: torch.Tensor) -> None:
     if staged is not tensor:
         with editing(tensor, staged):
             tensor.copy_(staged.reshape(tensor.shape))
+
+
+def homed(finish: Callable[[], T], like: torch.Tensor, device: torch.device) -> Callable[[], T]:
+    """``finish``, whose result (a tensor or a list of them) travelled on ``device`` (the
+    communicator's), returning it on the device of ``like``, the tensor the caller passed: a CPU
+    tensor under NCCL gets CPU results, as the in-place operations write back into it."""
+    home = like.device
+    if home == device:
+        return finish
+
+    def moved() -> T:
+        result: Any = finish()
+        if isinstance(result, torch.Tensor):
+            return cast(T, result.to(home))
+        return cast(T, [t.to(home) for t in result])
+
+    return moved
 
 
 class _Editing:

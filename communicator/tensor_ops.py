@@ -28,7 +28,7 @@ from communicator.guard import CallState, collective
 from communicator.handles import Handle, Work
 from communicator.objects.protocol import Port
 from communicator.ops import ReduceOpLike, check_op_dtype, divide_exactly, is_floating, parse_op
-from communicator.staging import editing, write_back
+from communicator.staging import editing, homed, write_back
 
 __all__ = ["TensorHost", "TensorOperations"]
 
@@ -110,7 +110,8 @@ class TensorOperations:
         """``all_reduce`` (``dst=None``) and ``reduce``: one path, so both finish the same way."""
         tensor = check_output("tensor", tensor)
         name = parse_op(op)
-        check_op_dtype(name, tensor.dtype)
+        dtype = tensor.dtype
+        check_op_dtype(name, dtype)
         if dst is None:
             agree(self, key("all_reduce", tensor, name), ("op",))
         else:
@@ -119,21 +120,26 @@ class TensorOperations:
         if dst is not None and self.rank != dst and staged is tensor:
             with editing(tensor):
                 staged = tensor.clone()  # a backend may leave partial results on other ranks
-        exact = name == "mean" and not is_floating(tensor.dtype)  # every rank sees the sum, so all decide alike
+        mean = name == "mean"
+        exact = mean and not is_floating(dtype)  # every rank sees the sum, so all decide alike
         keep = staged.clone() if exact else staged
-        wire_op = "sum" if name == "mean" else name
-        everywhere = dst is None or exact
-        if everywhere:
-            work = self._launch_into(staged, self._reducer(name, staged.dtype), wire_op)
-        elif _over_p2p(name, staged.dtype):
+        wire_op = "sum" if mean else name
+        if dst is None or exact:
+            work = self._launch_into(staged, self._reducer(name, dtype), wire_op)
+        elif _over_p2p(name, dtype):
             work = self._launch_into(staged, functools.partial(derived.reduce, self), dst, wire_op)
         else:
             work = self._launch_into(staged, self._reduce, dst, wire_op)
-        world, receives, n = self.world_size, dst is None or self.rank == dst, tensor.nbytes
-        self._calls.count(0 if dst == self.rank else n, n if receives else 0, n)
+        receives = dst is None or self.rank == dst
+        if CallState.observers:  # bytes are for statistics and hooks
+            n = tensor.nbytes
+            self._calls.count(0 if dst == self.rank else n, n if receives else 0, n)
+        if not (mean or staged is not tensor):  # the common case: the result is in place already
+            return self._complete([work], lambda: tensor, async_op)
+        world = self.world_size
 
         def finish() -> Tensor:
-            if name == "mean" and (receives or exact):
+            if mean and (receives or exact):
                 with editing(tensor, staged):
                     divide_exactly(staged, world, keep)
             if receives:
@@ -220,9 +226,12 @@ class TensorOperations:
         agree(self, key("broadcast", tensor, src), ("src",))
         staged = self._stage(tensor)
         work = self._launch_into(staged, self._broadcast, src)
-        n = tensor.nbytes
-        sent = n if src == self.rank else 0
-        self._calls.count(sent, n - sent, n)
+        if CallState.observers:  # bytes are for statistics and hooks
+            n = tensor.nbytes
+            sent = n if src == self.rank else 0
+            self._calls.count(sent, n - sent, n)
+        if staged is tensor:
+            return self._complete([work], lambda: tensor, async_op)
 
         def finish() -> Tensor:
             write_back(tensor, staged)
@@ -269,7 +278,7 @@ class TensorOperations:
             outputs[self.rank].copy_(source)
             self._calls.count(source.nbytes, source.nbytes * (self.world_size - 1), source.nbytes * self.world_size)
             works = [self._launch(self._all_gather, outputs, source)] if self.world_size > 1 else []
-            return self._complete(works, lambda: outputs, async_op)
+            return self._complete(works, homed(lambda: outputs, tensor, self.device), async_op)
         agree(self, ("all_gather", source.dtype, source.dim(), bool(same_shape)), ("dtype", "ndim", "same_shape"))
         metas = self._metas(shapes.describe(source))
         if same_shape:
@@ -284,7 +293,7 @@ class TensorOperations:
         else:  # what did not travel inline goes point to point, whoever else did or did not
             others = [r for r in range(self.world_size) if r != self.rank]
             works = self._transfers({} if mine_inline else dict.fromkeys(others, source), waiting)
-        return self._complete(works, lambda: outputs, async_op)
+        return self._complete(works, homed(lambda: outputs, tensor, self.device), async_op)
 
     @overload
     def gather(
@@ -322,7 +331,7 @@ class TensorOperations:
         self._calls.count(0, total - mine, total)
         outputs = shapes.outputs(metas, source, dst, self.device)
         waiting = {r: outputs[r] for r, m in enumerate(metas) if m.data is None and r != dst}
-        return self._complete(self._transfers({}, waiting), lambda: outputs, async_op)
+        return self._complete(self._transfers({}, waiting), homed(lambda: outputs, tensor, self.device), async_op)
 
     @overload
     def scatter(
@@ -352,9 +361,8 @@ class TensorOperations:
         """
         src = check_rank("src", src, self.world_size)
         agree(self, ("scatter", src), ("src",))
-        sources = (
-            [self._stage(t) for t in check_tensors("tensors", tensors, self.world_size)] if self.rank == src else []
-        )
+        given = check_tensors("tensors", tensors, self.world_size) if self.rank == src else []
+        sources = [self._stage(t) for t in given]
         records = [shapes.describe(t) for t in sources] if sources else None
         meta = shapes.read(self._objects().channel.scatter(records, src, shapes.GATHER_RECORD_BYTES))
         if self.rank == src:
@@ -363,7 +371,7 @@ class TensorOperations:
             own = shapes.outputs([meta], sources[src], 0, self.device)[0]
             assert records is not None
             sends = {r: t for r, t in enumerate(sources) if r != src and shapes.read(records[r]).data is None}
-            return self._complete(self._transfers(sends, {}), lambda: own, async_op)
+            return self._complete(self._transfers(sends, {}), homed(lambda: own, given[src], self.device), async_op)
         received = shapes.outputs([meta], None, -1, self.device)[0]
         self._calls.count(0, meta.nbytes, meta.nbytes * self.world_size)  # the others' parts are unknown here
         works = self._transfers({}, {src: received}) if meta.data is None else []
@@ -393,7 +401,8 @@ class TensorOperations:
             comm.reduce_scatter(ts)             # rank 0: tensor([11])   rank 1: tensor([22])
             ```
         """
-        inputs = [self._stage(t) for t in check_tensors("tensors", tensors, self.world_size)]
+        given = check_tensors("tensors", tensors, self.world_size)
+        inputs = [self._stage(t) for t in given]
         name = parse_op(op)
         check_op_dtype(name, inputs[0].dtype)
         arguments = ("reduce_scatter", inputs[0].dtype, tuple(t.shape for t in inputs), name)
@@ -413,7 +422,7 @@ class TensorOperations:
                     divide_exactly(flat, world, keep)
                 return output.copy_(flat[start : start + output.numel()].reshape(output.shape))
 
-            return self._complete([work], exact, async_op)
+            return self._complete([work], homed(exact, given[self.rank], self.device), async_op)
         work = self._launch(self._reduce_scatter, output, inputs, "sum" if name == "mean" else name)
 
         def finish() -> Tensor:
@@ -421,7 +430,7 @@ class TensorOperations:
                 divide_exactly(output, world, output)
             return output
 
-        return self._complete([work], finish, async_op)
+        return self._complete([work], homed(finish, given[self.rank], self.device), async_op)
 
     @overload
     def all_to_all(self: TensorHost, tensors: Sequence[Tensor], async_op: Literal[False] = ...) -> list[Tensor]: ...
@@ -443,7 +452,8 @@ class TensorOperations:
             comm.all_to_all(ts)                 # rank 0: [a0, b0]   rank 1: [a1, b1]
             ```
         """
-        inputs = [self._stage(t) for t in check_tensors("tensors", tensors, self.world_size)]
+        given = check_tensors("tensors", tensors, self.world_size)
+        inputs = [self._stage(t) for t in given]
         record = np.concatenate([shapes.describe(t, shapes.META_BYTES) for t in inputs])
         incoming = shapes.addressed_to(self._objects().channel.all_gather(record), self.rank, "all_to_all")
         outputs = shapes.outputs(incoming, inputs[self.rank], self.rank, self.device)
@@ -451,7 +461,7 @@ class TensorOperations:
         sent = sum(inputs[r].nbytes for r in others)
         self._calls.count(sent, sum(outputs[r].nbytes for r in others), sent + inputs[self.rank].nbytes)
         works = self._transfers({r: inputs[r] for r in others}, {r: outputs[r] for r in others})
-        return self._complete(works, lambda: outputs, async_op)
+        return self._complete(works, homed(lambda: outputs, given[self.rank], self.device), async_op)
 
     # -- point to point ------------------------------------------------------------------------
 

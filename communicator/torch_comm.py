@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import PrefixStore
 from typing_extensions import override
 
+import communicator.derived as derived
 import communicator.gloo_dtypes as wire
 import communicator.startup as startup
 from communicator.arguments import CUT_TAG, TRANSFER_TAG
@@ -36,6 +37,10 @@ __all__ = ["GroupScope", "SubgroupComm", "TorchComm"]
 
 # Larger equal-shape gathers go point to point: gloo's collectives copy them twice more.
 P2P_MIN_BYTES = 64 * 1024
+# Records are all-gathered by a gather and a broadcast from 3 up to this many ranks: gloo's ring
+# all_gather takes a step per rank (at 4 ranks on 2 cores, 3.1 ms where the two steps took 1.1 ms);
+# beyond, the broadcast of every record from one rank would outweigh the steps.
+GATHER_BROADCAST_RANKS = 16
 # After a failure, how long the rank serving the store keeps it up for peers still reading the board.
 LINGER_SECONDS = 10.0
 _TORCH_OPS = {
@@ -55,6 +60,8 @@ def _all_reduce_options(op: dist.ReduceOp.RedOpType) -> dist.AllreduceOptions:
     return options
 
 
+#: Reductions NCCL does not have: they run over point to point (``communicator.derived``).
+_NCCL_LACKS = frozenset({"band", "bor", "bxor"})
 _ALL_REDUCE = {name: _all_reduce_options(op) for name, op in _TORCH_OPS.items()}
 _BARRIER = dist.BarrierOptions()
 
@@ -66,6 +73,13 @@ def cut(group: dist.ProcessGroup, group_peer: int) -> None:
     with contextlib.suppress(RuntimeError):
         work = dist.irecv(torch.empty(1, dtype=torch.uint8), group=group, group_src=group_peer, tag=CUT_TAG)
         finished(work, 0.001)
+
+
+@functools.cache
+def _broadcast_options(root: int) -> dist.BroadcastOptions:
+    options = dist.BroadcastOptions()
+    options.rootRank, options.rootTensor = root, 0
+    return options
 
 
 def _started(work: Any) -> Work:
@@ -250,16 +264,17 @@ class TorchComm(Communicator):
 
     @override
     def _all_reduce(self, tensor: torch.Tensor, op: str) -> Work:
-        if self._backend == "gloo":
-            carried, back = wire.for_reduction(tensor, op)
-        else:
-            carried, back = (torch.view_as_real(tensor) if tensor.is_complex() else tensor), None
+        if op in _NCCL_LACKS and self._backend == "nccl":
+            return derived.all_reduce(self, tensor, op)
+        carried, back = wire.for_reduction(tensor, op)
         work = self._group.allreduce([carried], _ALL_REDUCE[op])
         return work if back is None else wire.Converted(work, back)
 
     @override
     def _reduce(self, tensor: torch.Tensor, dst: int, op: str) -> Work:
-        carried, back = wire.for_reduction(tensor, op) if self._backend == "gloo" else (tensor, None)
+        if self._backend == "nccl" and op in _NCCL_LACKS:
+            return derived.reduce(self, tensor, dst, op)
+        carried, back = wire.for_reduction(tensor, op)
         work = dist.reduce(
             carried, group=self._group, group_dst=self._group_rank_of[dst], op=_TORCH_OPS[op], async_op=True
         )
@@ -267,8 +282,10 @@ class TorchComm(Communicator):
 
     @override
     def _reduce_scatter(self, output: torch.Tensor, inputs: list[torch.Tensor], op: str) -> Work:
+        if self._backend == "nccl" and op in _NCCL_LACKS:
+            return Communicator._reduce_scatter(self, output, inputs, op)
         ordered = [inputs[self._local_of_group[g]] for g in range(self.world_size)]
-        if self._backend == "gloo" and output.dtype in wire.UNSUPPORTED:
+        if output.dtype in wire.UNSUPPORTED:
             wide = [wire.for_reduction(t, op)[0] for t in ordered]
             carried, back = wire.for_reduction(output, op)
             work = dist.reduce_scatter(carried, wide, op=_TORCH_OPS[op], group=self._group, async_op=True)
@@ -277,9 +294,7 @@ class TorchComm(Communicator):
 
     @override
     def _broadcast(self, tensor: torch.Tensor, src: int) -> Work:
-        options = dist.BroadcastOptions()
-        options.rootRank, options.rootTensor = self._group_rank_of[src], 0
-        return _started(self._group.broadcast([self._carry(tensor)], options))
+        return _started(self._group.broadcast([self._carry(tensor)], _broadcast_options(self._group_rank_of[src])))
 
     @override
     def _all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> Work:
@@ -291,19 +306,19 @@ class TorchComm(Communicator):
         return _started(self._group.allgather([ordered], [self._carry(tensor)]))
 
     def _carry(self, tensor: torch.Tensor) -> torch.Tensor:
-        """What moves ``tensor``'s data: itself, or its bytes when the backend refuses its dtype."""
-        return wire.as_bytes(tensor) if self._backend == "gloo" or tensor.is_complex() else tensor
+        """What moves ``tensor``'s data: itself, or its bytes when a backend refuses its dtype."""
+        return wire.as_bytes(tensor)
 
     @override
     def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
         peer = self._group_rank_of[dst]
-        work = dist.isend(tensor, group=self._group, group_dst=peer, tag=tag)
+        work = dist.isend(self._carry(tensor), group=self._group, group_dst=peer, tag=tag)
         return PointToPoint(work, dst, self._cutter(peer))
 
     @override
     def _irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
         peer = self._group_rank_of[src]
-        work = dist.irecv(tensor, group=self._group, group_src=peer, tag=tag)
+        work = dist.irecv(self._carry(tensor), group=self._group, group_src=peer, tag=tag)
         return PointToPoint(work, src, self._cutter(peer))
 
     def _cutter(self, group_peer: int) -> Callable[[], None] | None:
@@ -435,10 +450,17 @@ class TorchChannel:
         self._group, self._group_rank_of, self._wait = group, group_rank_of, wait
 
     def all_gather(self, record: np.ndarray) -> list[np.ndarray]:
-        rows = [torch.empty(record.size, dtype=torch.uint8) for _ in range(self.world_size)]
-        ordered = [rows[self._group_rank_of.index(g)] for g in range(self.world_size)]  # torch's rank order
+        """Up to ``GATHER_BROADCAST_RANKS``, rank 0 gathers the records and broadcasts them all (two
+        steps whatever the number of ranks); with two ranks, and beyond, gloo's ring."""
+        world = self.world_size
+        if 2 < world <= GATHER_BROADCAST_RANKS:
+            gathered = self.gather(record, 0)
+            every = np.concatenate(gathered) if gathered is not None else np.empty(record.size * world, np.uint8)
+            return np.split(self.broadcast(every, 0), world)
+        rows = [torch.empty(record.size, dtype=torch.uint8) for _ in range(world)]
+        ordered = [rows[self._group_rank_of.index(g)] for g in range(world)]  # torch's rank order
         # gloo's list form: faster than all_gather_into_tensor for small records
-        self._wait([dist.all_gather(ordered, torch.from_numpy(record), group=self._group, async_op=True)])
+        self._wait([self._group.allgather([ordered], [torch.from_numpy(record)])])
         return [row.numpy() for row in rows]
 
     def gather(self, record: np.ndarray, dst: int) -> list[np.ndarray] | None:

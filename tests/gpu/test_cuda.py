@@ -4,11 +4,13 @@ Skipped without CUDA; run them where a GPU is available (``pytest tests/gpu``)."
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
 from communicator import Communicator
-from communicator.testing import run_ranks
+from communicator.testing import check_communicator, run_ranks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -56,3 +58,46 @@ def test_nccl_world_size_one_every_op() -> None:
     assert result["scatter"] == [1.0, 1.0] and result["reduce_scatter"] == [1.0, 1.0]
     assert result["object_device"] == "cuda:0" and result["broadcast_object"] == {"x": 1}
     assert result["dict"] == {"a": 1.0} and result["collect"] == [1, 2] and result["seed_ok"]
+
+
+def nccl_ranks(fn: Any, world: int, *args: Any) -> list[Any]:
+    return run_ranks(fn, world, *args, cfg={"backend": "nccl", "timeout": 30}, timeout=120)
+
+
+@pytest.mark.timeout(300)
+def test_the_conformance_suite_passes_under_nccl() -> None:
+    """Bitwise reductions (NCCL has none) run over point to point; CPU tensors' results come back
+    to the CPU; every dtype moves."""
+    check_communicator(nccl_ranks, (1,), ("small", "medium"))
+
+
+def cpu_tensors_under_nccl(comm: Communicator) -> dict[str, object]:
+    assert comm.backend == "nccl"
+    t = torch.arange(3, dtype=torch.int64)
+    out: dict[str, object] = {
+        "all_gather": [g.device.type for g in comm.all_gather(t)],
+        "same_shape": [g.device.type for g in comm.all_gather(t, same_shape=True)],
+        "gather": [g.device.type for g in comm.gather(t, dst=0) or []],
+        "scatter": comm.scatter([t], src=0).device.type,
+        "reduce_scatter": comm.reduce_scatter([t]).device.type,
+        "all_to_all": [g.device.type for g in comm.all_to_all([t])],
+    }
+    cuda = torch.arange(3, device=comm.device)
+    out["cuda_stays"] = [g.device.type for g in comm.all_gather(cuda)]
+    bits = torch.tensor([0b1010], device=comm.device)
+    out["bor"] = comm.all_reduce(bits, op="bor").tolist()
+    return out
+
+
+def test_results_come_back_to_the_device_of_the_tensor_passed() -> None:
+    (result,) = run_ranks(cpu_tensors_under_nccl, 1, cfg={"backend": "nccl"}, timeout=120)
+    assert result == {
+        "all_gather": ["cpu"],
+        "same_shape": ["cpu"],
+        "gather": ["cpu"],
+        "scatter": "cpu",
+        "reduce_scatter": "cpu",
+        "all_to_all": ["cpu"],
+        "cuda_stays": ["cuda"],
+        "bor": [0b1010],
+    }
