@@ -63,7 +63,7 @@ import communicator.objects.protocol as protocol
 from communicator.config import CommConfig, ConfigLike
 from communicator.control import Control
 from communicator.control.log import Store
-from communicator.control.waiting import finished
+from communicator.control.waiting import at_once, finished
 from communicator.coordination import Coordination
 from communicator.errors import CommError, CommTimeoutError, ConfigError
 from communicator.factory import SINGLE, build, decide
@@ -377,6 +377,8 @@ class Communicator(
         """``_wait``, its time counted as the running operation's wait (see :mod:`communicator.observe.stats`)."""
         event = self._calls.event if CallState.observers else None  # waits are timed for statistics and hooks
         if event is None:
+            if timeout is None and len(works) == 1 and at_once(works[0]):
+                return None
             return self._wait(works, timeout)
         started = time.perf_counter()
         try:

@@ -420,3 +420,30 @@ def test_one_process_returns_the_very_objects_unpickled() -> None:
         assert comm.broadcast_object_list(items) is items and items[0] is unpicklable
 
     run_single(identity)
+
+
+def record_steps(comm: Communicator) -> dict[str, int]:
+    """How many gathers and broadcasts the records of one all_gather_object take on this rank."""
+    channel = comm._objects().channel
+    counts = {"gather": 0, "broadcast": 0}
+
+    def counted(name: str, call: Callable[..., object]) -> Callable[..., object]:
+        def count(*args: object) -> object:
+            counts[name] += 1
+            return call(*args)
+
+        return count
+
+    channel.gather = counted("gather", channel.gather)  # type: ignore[method-assign]
+    channel.broadcast = counted("broadcast", channel.broadcast)  # type: ignore[method-assign]
+    gathered = comm.all_gather_object({"rank": comm.rank})
+    assert gathered == [{"rank": r} for r in range(comm.world_size)]
+    return counts
+
+
+@pytest.mark.world_size(2, 3, 4)
+def test_records_are_all_gathered_in_two_steps_from_three_ranks(run, world_size: int) -> None:
+    """gloo's ring all_gather takes a step per rank: from 3 ranks the records go to rank 0 and back
+    in one broadcast; with 2 ranks the ring is one step."""
+    expected = {"gather": 0, "broadcast": 0} if world_size == 2 else {"gather": 1, "broadcast": 1}
+    assert run(record_steps) == [expected] * world_size

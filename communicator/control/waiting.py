@@ -41,6 +41,7 @@ __all__ = [
     "PointToPoint",
     "Together",
     "TransferWaiter",
+    "at_once",
     "finished",
     "translate",
     "wait",
@@ -64,6 +65,23 @@ def finished(work: Any, seconds: float) -> bool:
         if "timed out" in str(error).lower() and not isinstance(error, CommError):
             return False
         raise
+
+
+def at_once(work: Any) -> bool:
+    """Whether ``work``, one collective, finished within the first slice: the common case, with
+    no look at the board and no watch. ``False`` when it did not, or when it failed with the
+    transport's error: the long way waits on it again, which raises that error again (a work
+    keeps it), and translates it."""
+    if isinstance(work, (PointToPoint, Together)):
+        return False
+    try:
+        return work.wait(_FIRST) is not False
+    except TimeoutError:
+        return False
+    except RuntimeError as error:
+        if isinstance(error, CommError):
+            raise
+        return False
 
 
 class PointToPoint:
