@@ -5,7 +5,11 @@ from __future__ import annotations
 from doc_snippets import README, ROOT, snippets
 
 VENV = "python3 -m venv --clear .venv && . .venv/bin/activate && "
-DEMO = VENV + "python -m pip install torch==2.13.0 && python -m pip install -e . && python -m communicator demo"
+# The demo's venv is its own, so that the two commands can run at once in one clone.
+DEMO = (
+    "python3 -m venv --clear .venv-demo && . .venv-demo/bin/activate && "
+    "python -m pip install torch==2.13.0 && python -m pip install -e . && python -m communicator demo"
+)
 TESTS = VENV + (
     'python -m pip install torch==2.13.0 && python -m pip install -e ".[test,docs,bench]" '
     "&& python -m pytest -n 3 --dist loadgroup"
