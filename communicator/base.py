@@ -353,6 +353,8 @@ class Communicator(
     def _wait(self, works: Sequence[Work], timeout: float | None = None) -> None:
         """Finish ``works`` within ``timeout`` seconds (else the communicator's timeout), released
         early by a peer's failure, refusal or closing when there is a control plane."""
+        if timeout is None and len(works) == 1 and at_once(works[0]):  # the common case, at once
+            return
         control = self._plane()
         if control is not None:
             try:
@@ -377,8 +379,6 @@ class Communicator(
         """``_wait``, its time counted as the running operation's wait (see :mod:`communicator.observe.stats`)."""
         event = self._calls.event if CallState.observers else None  # waits are timed for statistics and hooks
         if event is None:
-            if timeout is None and len(works) == 1 and at_once(works[0]):
-                return None
             return self._wait(works, timeout)
         started = time.perf_counter()
         try:

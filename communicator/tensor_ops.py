@@ -134,7 +134,7 @@ class TensorOperations:
         if CallState.observers:  # bytes are for statistics and hooks
             n = tensor.nbytes
             self._calls.count(0 if dst == self.rank else n, n if receives else 0, n)
-        if not (mean or staged is not tensor):  # the common case: the result is in place already
+        if not mean and staged is tensor:  # the common case: the result is in place already
             return self._complete([work], lambda: tensor, async_op)
         world = self.world_size
 

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from communicator.base import Communicator
+from communicator.bench.aligned import aligned
 from communicator.bench.ops import MMENGINE, TORCH, load_mmengine
 from communicator.bench.scaling import oversubscribed
 from communicator.bench.spread import CONFIDENCE, MIN_ROUNDS, WITHIN_NOISE, Progress, Spread, judge, spread_of
@@ -265,14 +266,7 @@ def format_overhead(rows: Sequence[OverheadRow], recording: Recording, world_siz
     for row in rows:
         target = "-" if row.target is None else f"<= {row.target:.2f}"
         lines.append((row.name, row.baseline, *_cells(row), target, row.verdict or ""))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    table = "\n".join(
-        "  ".join(
-            cell.ljust(widths[i]) if i < 2 or i == len(header) - 1 else cell.rjust(widths[i])
-            for i, cell in enumerate(line)
-        ).rstrip()
-        for line in lines
-    )
+    table = aligned(lines, left=(0, 1, len(header) - 1))
     missing = "".join(f"\nn/a: {row.name} against {row.baseline}: {row.missing}" for row in rows if row.missing)
     spread, crowded = recording.spread, oversubscribed(world_size)
     return (

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from communicator.base import Communicator
+from communicator.bench.aligned import aligned
 from communicator.bench.cases import LIST_OPS
 from communicator.bench.floor import DST, SRC
 from communicator.bench.ops import MMENGINE, MMENGINE_GPU, OURS, TORCH, Context, Op
@@ -168,15 +169,9 @@ def format_phases(case: str, phases: Sequence[Phases], world_size: int) -> str:
         label = LABELS.get(row.impl, row.impl) if row.op == "collect_results" else row.impl
         numbers = (row.serialise_ms, row.transfer_ms, row.deserialise_ms, row.total_ms)
         rows.append([row.op, label, *(f"{value:.3f}" for value in numbers)])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(widths[i]) if i < 2 else cell.rjust(widths[i]) for i, cell in enumerate(row))
-        for row in rows
-    ]
     rounds = phases[0].rounds if phases else 0
     return (
         f"{case}, phases, world size {world_size}: each phase the slowest rank's, median of {rounds} rounds;"
         " ours: its own accounting (stats=True); torch, mmengine: pickle.dumps/loads of the same payloads timed on"
-        " each rank apart from the call; transfer = total - serialise - deserialise\n"
-        + "\n".join(line.rstrip() for line in lines)
+        " each rank apart from the call; transfer = total - serialise - deserialise\n" + aligned(rows)
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+from communicator.bench.aligned import aligned
 from communicator.bench.cases import LIST_OPS
 from communicator.bench.floor import DST, SRC
 from communicator.bench.measured import CaseRun
@@ -69,17 +70,11 @@ def format_scaling(runs: Mapping[int, Sequence[CaseRun]]) -> str:
                 rows.append([case, op, *cells])
     if len(rows) == 1:
         return ""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(widths[i]) if i < 2 else cell.rjust(widths[i]) for i, cell in enumerate(row))
-        for row in rows
-    ]
-    lines.insert(1, "  ".join("-" * width for width in widths))
     marked = [str(size) for size in sizes if oversubscribed(size)]
     return (
         "scaling: per world size w, this library's median over the floor's (ours/floor) and over the bytes the op"
         " moves (us/MiB: microseconds per MiB)"
         + (f"; * oversubscribed: more ranks than the {os.cpu_count()} cores (w{', w'.join(marked)})" if marked else "")
         + "\n"
-        + "\n".join(line.rstrip() for line in lines)
+        + aligned(rows, rule=True)
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from communicator.bench.aligned import aligned
 from communicator.bench.measured import CaseRun
 from communicator.bench.ops import FLOOR, FLOOR_FRESH, MMENGINE, MMENGINE_GPU, OURS, OURS_SAFE, TORCH
 from communicator.bench.targets import Outcome
@@ -64,11 +65,6 @@ def _rows(run: CaseRun, op: str) -> list[list[str]]:
     return [_row(run, f"{op} ({MMENGINE_MODES[impl]})", op, impl) for impl in modes]
 
 
-def _align(column: int, cell: str, width: int) -> str:
-    """Names to the left, numbers to the right."""
-    return cell.ljust(width) if column < 2 else cell.rjust(width)
-
-
 def format_table(runs: Sequence[CaseRun]) -> str:
     """One row per case and op (collect_results: one per mmengine mode); medians in milliseconds.
 
@@ -76,11 +72,7 @@ def format_table(runs: Sequence[CaseRun]) -> str:
     memory at its peak, the largest over the ranks (measured in the checking pass).
     """
     header = ["case", "op", *COLUMNS.values(), *(label for label, _, _ in RATIOS), "peak MiB", "correct"]
-    rows = [header, *(row for run in runs for op in run.ops() for row in _rows(run, op))]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(_align(i, cell, widths[i]) for i, cell in enumerate(row)) for row in rows]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
+    return aligned([header, *(row for run in runs for op in run.ops() for row in _rows(run, op))], rule=True)
 
 
 def format_errors(runs: Sequence[CaseRun]) -> str:

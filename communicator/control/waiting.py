@@ -69,18 +69,13 @@ def finished(work: Any, seconds: float) -> bool:
 
 def at_once(work: Any) -> bool:
     """Whether ``work``, one collective, finished within the first slice: the common case, with
-    no look at the board and no watch. ``False`` when it did not, or when it failed with the
-    transport's error: the long way waits on it again, which raises that error again (a work
-    keeps it), and translates it."""
+    no look at the board and no watch. ``False`` when it did not, or when it failed: the long way
+    waits on it again, which raises the same error again (a work keeps it), and translates it."""
     if isinstance(work, (PointToPoint, Together)):
         return False
     try:
         return work.wait(_FIRST) is not False
-    except TimeoutError:
-        return False
-    except RuntimeError as error:
-        if isinstance(error, CommError):
-            raise
+    except (TimeoutError, RuntimeError):
         return False
 
 
@@ -194,15 +189,6 @@ def wait(
     """Wait for ``works`` (operation number ``seq``, ``what``); raise promptly if a peer failed,
     refused its part, died or closed, and ``CommTimeoutError`` after ``limit`` seconds. A wait
     that lasts has its stall diagnosed (``watch``, see :mod:`communicator.control.stalls`)."""
-    if len(works) == 1 and not isinstance(works[0], (PointToPoint, Together)):  # the common case: one collective
-        try:
-            if works[0].wait(_FIRST) is not False:
-                return
-        except TimeoutError:
-            pass
-        except RuntimeError as error:  # as below: a slice that ran out means wait on and look around
-            if "timed out" not in str(error).lower() or isinstance(error, CommError):
-                raise translate(error, board, rank, seq, what, None, limit) from error
     if any(isinstance(work, Together) for work in works):
         works = [part for work in works for part in (work.works if isinstance(work, Together) else (work,))]
     started = time.monotonic()
