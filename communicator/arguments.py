@@ -15,6 +15,7 @@ from communicator.ops import WIRE_DTYPES
 
 __all__ = [
     "COLLECTIVE_TAG",
+    "RECORD_TAG",
     "TRANSFER_TAG",
     "check_grid",
     "check_members",
@@ -36,7 +37,10 @@ COLLECTIVE_TAG = TRANSFER_TAG + 2
 #: The tag of the receive that closes a connection to end an abandoned transfer (see
 #: :mod:`communicator.control.waiting`).
 CUT_TAG = TRANSFER_TAG + 3
-_OWN_TAGS = (TRANSFER_TAG, CHECK_TAG, COLLECTIVE_TAG, CUT_TAG)
+#: The tag of the object protocol's records when they travel point to point (see
+#: :mod:`communicator.torch_channel`): apart from the frames that follow them.
+RECORD_TAG = TRANSFER_TAG + 4
+_OWN_TAGS = (TRANSFER_TAG, CHECK_TAG, COLLECTIVE_TAG, CUT_TAG, RECORD_TAG)
 _DTYPES = frozenset(WIRE_DTYPES)
 _OVERLAP = 1  # torch._debug_has_internal_overlap: some elements share memory
 

@@ -422,10 +422,17 @@ def test_one_process_returns_the_very_objects_unpickled() -> None:
     run_single(identity)
 
 
-def record_steps(comm: Communicator) -> dict[str, int]:
-    """How many gathers and broadcasts the records of one all_gather_object take on this rank."""
+def record_steps(comm: Communicator, op: str, point_to_point_ranks: int, gather_broadcast_ranks: int) -> dict[str, int]:
+    """How the records of one small object ``op`` travel on this rank, under the given limits:
+    records sent or received point to point, gathers and broadcasts."""
+    from communicator import torch_channel
+    from communicator.arguments import RECORD_TAG
+
+    limits = torch_channel.POINT_TO_POINT_RANKS, torch_channel.GATHER_BROADCAST_RANKS
+    torch_channel.POINT_TO_POINT_RANKS = point_to_point_ranks
+    torch_channel.GATHER_BROADCAST_RANKS = gather_broadcast_ranks
     channel = comm._objects().channel
-    counts = {"gather": 0, "broadcast": 0}
+    counts = {"transfers": 0, "gather": 0, "broadcast": 0}
 
     def counted(name: str, call: Callable[..., object]) -> Callable[..., object]:
         def count(*args: object) -> object:
@@ -434,16 +441,53 @@ def record_steps(comm: Communicator) -> dict[str, int]:
 
         return count
 
+    start = channel._start  # type: ignore[attr-defined]
+
+    def transfers(sends: list[object], recvs: list[object], tag: int) -> object:
+        counts["transfers"] += (len(sends) + len(recvs)) * (tag == RECORD_TAG)
+        return start(sends, recvs, tag)
+
+    channel._start = transfers  # type: ignore[attr-defined]
     channel.gather = counted("gather", channel.gather)  # type: ignore[method-assign]
     channel.broadcast = counted("broadcast", channel.broadcast)  # type: ignore[method-assign]
-    gathered = comm.all_gather_object({"rank": comm.rank})
-    assert gathered == [{"rank": r} for r in range(comm.world_size)]
+    value, every = {"rank": comm.rank}, [{"rank": r} for r in range(comm.world_size)]
+    try:
+        if op == "all_gather_object":
+            assert comm.all_gather_object(value) == every
+        elif op == "broadcast_object":
+            assert comm.broadcast_object(value, src=1) == every[1]
+        else:
+            assert comm.scatter_object(every if comm.rank == 1 else None, src=1) == value
+    finally:
+        torch_channel.POINT_TO_POINT_RANKS, torch_channel.GATHER_BROADCAST_RANKS = limits
     return counts
 
 
 @pytest.mark.world_size(2, 3, 4)
 def test_records_are_all_gathered_in_two_steps_from_three_ranks(run, world_size: int) -> None:
-    """gloo's ring all_gather takes a step per rank: from 3 ranks the records go to rank 0 and back
-    in one broadcast; with 2 ranks the ring is one step."""
-    expected = {"gather": 0, "broadcast": 0} if world_size == 2 else {"gather": 1, "broadcast": 1}
-    assert run(record_steps) == [expected] * world_size
+    """gloo's ring all_gather takes a step per rank: from 3 ranks (up to GATHER_BROADCAST_RANKS)
+    the records go to rank 0 and back in one broadcast, point to point from rank 0 (up to
+    POINT_TO_POINT_RANKS); with 2 ranks, and beyond, the ring is used."""
+    ring = {"transfers": 0, "gather": 0, "broadcast": 0}
+    if world_size == 2:
+        expected = [ring] * 2
+    else:
+        expected = [{"transfers": world_size - 1, "gather": 1, "broadcast": 1}]
+        expected += [{"transfers": 1, "gather": 1, "broadcast": 1}] * (world_size - 1)
+    assert run(record_steps, "all_gather_object", 8, 16) == expected
+    if world_size > 2:  # the same two steps, in collectives
+        in_collectives = {"transfers": 0, "gather": 1, "broadcast": 1}
+        assert run(record_steps, "all_gather_object", 1, 16) == [in_collectives] * world_size
+    assert run(record_steps, "all_gather_object", 1, 1) == [ring] * world_size
+
+
+@pytest.mark.world_size(2, 3, 4)
+@pytest.mark.parametrize("op", ["broadcast_object", "scatter_object"])
+def test_records_from_one_rank_go_point_to_point_from_three_to_eight_ranks(run, world_size: int, op: str) -> None:
+    """A small object from src (rank 1 here) is one record sent to every other rank at once, from 3
+    ranks up to POINT_TO_POINT_RANKS; with 2 ranks, and beyond, in gloo's broadcast or scatter."""
+    from_src = [{"transfers": 1, "gather": 0, "broadcast": int(op == "broadcast_object")}] * world_size
+    from_src[1] = {**from_src[1], "transfers": world_size - 1}
+    in_collectives = [{**counts, "transfers": 0} for counts in from_src]
+    assert run(record_steps, op, 8, 16) == (in_collectives if world_size == 2 else from_src)
+    assert run(record_steps, op, world_size - 1, 16) == in_collectives

@@ -14,9 +14,10 @@ receive buffer); into ``gather_object``'s destination from every sender at once;
 in place is posted at once; staged chunks take turns in two buffers (see
 :mod:`communicator.objects.frames`).
 
-The bytes travel on a :class:`Channel`: fixed-size records in collectives, exact-size payloads
-point to point. A communicator supplies its own (``Communicator._object_channel``);
-:class:`PrimitiveChannel` builds one from any communicator's tensor primitives.
+The bytes travel on a :class:`Channel`: fixed-size records (in collectives, or point to point where
+a channel finds that faster), exact-size payloads point to point. A communicator supplies its own
+(``Communicator._object_channel``); :class:`PrimitiveChannel` builds one from any communicator's
+tensor primitives.
 """
 
 from __future__ import annotations
