@@ -305,6 +305,26 @@ def test_object_collectives_stream_in_chunks_of_each_senders_size(run) -> None:
     assert all(run(chunked_collectives))
 
 
+def _ring_payload(rank: int) -> object:
+    """Over 1 MiB (AT_ONCE_BYTES) but for rank 1's, which travels in its record."""
+    return None if rank == 1 else [np.full((rank + 1) * 300_000, rank, dtype=np.float32), "x" * rank]
+
+
+def ring_of_unequal_frames(comm: Communicator) -> bool:
+    """all_gather_object around the ring: frames of unequal sizes and of several chunks, each rank
+    with its own chunk size, one object inline; every rank's object reaches every rank."""
+    with Communicator.create({"backend": "gloo", "object_buffer_bytes": 256 * 1024 * (comm.rank + 1)}) as chunked:
+        for _ in range(2):  # the second call finds the first one's transfers all matched
+            got = chunked.all_gather_object(_ring_payload(chunked.rank))
+            assert all(_same(got[r], _ring_payload(r)) for r in range(chunked.world_size))
+    return True
+
+
+@pytest.mark.world_size(2, 3, 4)
+def test_large_frames_go_around_the_ring_chunk_by_chunk(run) -> None:
+    assert all(run(ring_of_unequal_frames))
+
+
 MiB = 1024 * 1024
 BUFFER = 4 * MiB  # object_buffer_bytes in the memory test
 PAYLOAD = 48 * MiB  # per rank: 12 arrays of 4 MiB

@@ -39,6 +39,7 @@ __all__ = [
     "frame_layout",
     "frame_table",
     "pack_frame",
+    "post_stream",
     "stream",
     "unpack_frame",
 ]
@@ -216,6 +217,18 @@ def stream(
         streams = [stream for stream in streams if stream[2] is not None]
     for done in posted:
         done()
+
+
+def post_stream(channel: Poster, peers: Sequence[int], chunks: Chunks) -> list[Pending]:
+    """Send every chunk of one stream to ``peers``, without waiting for them (a staged chunk still
+    waits, inside :meth:`Outgoing.chunks`, for its buffer); what finishes each chunk's sends."""
+    posted = []
+    chunk = next(chunks, None)
+    while chunk is not None:
+        done = _once(channel.post([(peer, chunk) for peer in peers], []))
+        posted.append(done)
+        chunk = _following(chunks, done)
+    return posted
 
 
 def _following(chunks: Chunks, done: Pending) -> np.ndarray | None:

@@ -8,8 +8,8 @@ report, so that a rank which cannot serialise releases every peer at once instea
 waiting. The receiver raises the sender's failure as a :class:`~communicator.errors.RemoteError`.
 
 Large frames move point to point: for ``all_gather_object``, to every rank at once when each
-is at most 1 MiB, else around a ring (each frame crosses each link once, forwarded from the
-receive buffer); into ``gather_object``'s destination from every sender at once; from
+is at most 1 MiB, else around a ring (each frame crosses each link once, each chunk forwarded
+from the receive buffer as it arrives); into ``gather_object``'s destination from every sender at once; from
 ``broadcast_object``'s source to every rank. Within a stream every receive and every chunk sent
 in place is posted at once; staged chunks take turns in two buffers (see
 :mod:`communicator.objects.frames`).
@@ -36,7 +36,17 @@ from communicator.arguments import TRANSFER_TAG
 from communicator.config import DEFAULT_OBJECT_BUFFER_BYTES
 from communicator.errors import CollectiveMismatchError, RemoteError, RemoteFailure
 from communicator.objects.codec import Codec
-from communicator.objects.frames import Chunks, Moves, Outgoing, Pending, chunk_size, chunks_of, stream, unpack_frame
+from communicator.objects.frames import (
+    Chunks,
+    Moves,
+    Outgoing,
+    Pending,
+    chunk_size,
+    chunks_of,
+    post_stream,
+    stream,
+    unpack_frame,
+)
 from communicator.objects.rebuild import receive_device
 from communicator.observe.events import Event
 
@@ -420,11 +430,12 @@ def _ring(
     own: Callable[[], Chunks],
     frames: Mapping[int, np.ndarray],
 ) -> None:
-    """Every large frame to every rank around a ring: at step ``s`` each rank passes on the frame
-    of rank ``rank - s`` (its own first, then what it received) and receives the next one. Each
-    rank sends one stream and receives one per step, and each frame crosses each link once.
-    Frames of at most ``AT_ONCE_BYTES`` go to every rank at once instead, up to
-    ``AT_ONCE_RANKS`` ranks: one step, not ``world - 1``."""
+    """Every large frame to every rank around a ring: each rank sends its own frame to the next
+    rank and passes on, chunk by chunk as each arrives, every frame but the next rank's own. Every
+    receive is posted at once, so a frame flows through the ranks without waiting for the others:
+    a large frame among small ones takes about one frame's time, not one per step. Each frame
+    crosses each link once. Frames of at most ``AT_ONCE_BYTES`` go to every rank at once instead,
+    up to ``AT_ONCE_RANKS`` ranks: one step, not ``world - 1``."""
     rank, world = channel.rank, channel.world_size
     at_once = world <= AT_ONCE_RANKS and all(rec.length <= AT_ONCE_BYTES for rec in records if rec.is_large)
     if at_once:  # latency over bandwidth
@@ -432,14 +443,21 @@ def _ring(
         stream(channel, sends, [(r, records[r].incoming(data)) for r, data in frames.items()])
         return
     after, before = (rank + 1) % world, (rank - 1) % world
-    for step in range(world - 1):
-        passing, arriving = (rank - step) % world, (rank - step - 1) % world
-        sends = []
-        if records[passing].is_large:
-            chunks = own() if passing == rank else records[passing].incoming(frames[passing])
-            sends = [((after,), chunks)]
-        recvs = [(before, records[arriving].incoming(frames[arriving]))] if records[arriving].is_large else []
-        stream(channel, sends, recvs)
+    # Frames arrive from `before` in the order it sends them: its own, then what it passes on.
+    arriving = [(r, records[r]) for r in ((rank - 1 - step) % world for step in range(world - 1))]
+    chunks = [
+        (r, chunk, channel.post([], [(before, chunk)]))
+        for r, rec in arriving
+        if rec.is_large
+        for chunk in rec.incoming(frames[r])
+    ]
+    sent = post_stream(channel, (after,), own()) if records[rank].is_large else []
+    for r, chunk, received in chunks:
+        received()
+        if r != after:  # the next rank's own frame has been around the ring
+            sent.append(channel.post([(after, chunk)], []))
+    for done in sent:
+        done()
 
 
 def check_scatter_list(objects: Sequence[T] | None, world_size: int) -> Sequence[T]:
