@@ -20,12 +20,12 @@ from communicator.objects.frames import Moves, Pending
 
 __all__ = ["GATHER_BROADCAST_RANKS", "POINT_TO_POINT_RANKS", "TorchChannel", "cut"]
 
-# From 3 up to this many ranks, a record from one rank to the others (broadcast, scatter) goes
-# point to point to every rank at once: at 4 ranks on 2 cores, 0.40 ms a small broadcast_object
-# where gloo's broadcast took 1.02 ms (scatter_object 0.38 against 0.75). At 2 ranks gloo's
-# collective was faster (0.26 ms against 0.29): the transfer's wait costs a thread hand-off (see
-# communicator.control.waiting). Records to one rank stay in gloo's gather: transfers there and the
-# verdict back measured no faster.
+# From 3 up to this many ranks, records from one rank to the others (broadcast, scatter) or from
+# the others to one rank (gather) go point to point, every transfer at once: at 4 ranks on 2
+# cores, 0.40 ms a small broadcast_object where gloo's broadcast took 1.02 ms, 0.88 ms a small
+# gather_object against 1.34. At 2 ranks gloo's collectives were faster (a small broadcast_object
+# 0.26 ms against 0.29): a transfer's wait costs a thread hand-off (see
+# communicator.control.waiting). Beyond, a rank would post a transfer per rank.
 POINT_TO_POINT_RANKS = 8
 # Up to this many ranks from 3, records are all-gathered by a gather and a broadcast: gloo's
 # ring all_gather takes a step per rank (at 4 ranks on 2 cores, 3.1 ms where the two steps took
@@ -56,6 +56,11 @@ class TorchChannel:
         self.rank, self.world_size = rank, len(group_rank_of)
         self._group, self._group_rank_of, self._wait = group, group_rank_of, wait
 
+    @property
+    def _point_to_point(self) -> bool:
+        """Whether records go point to point (see ``POINT_TO_POINT_RANKS``)."""
+        return 2 < self.world_size <= POINT_TO_POINT_RANKS
+
     def all_gather(self, record: np.ndarray) -> list[np.ndarray]:
         """Up to ``GATHER_BROADCAST_RANKS``, rank 0 gathers the records and broadcasts them all (two
         steps whatever the number of ranks); with two ranks, and beyond, gloo's ring."""
@@ -71,14 +76,22 @@ class TorchChannel:
         return [row.numpy() for row in rows]
 
     def gather(self, record: np.ndarray, dst: int) -> list[np.ndarray] | None:
+        world, me = self.world_size, self.rank
+        if self._point_to_point:
+            if me != dst:
+                self._records([(dst, record)], [])
+                return None
+            rows = [record if r == me else np.empty_like(record) for r in range(world)]
+            self._records([], [(r, rows[r]) for r in range(world) if r != me])
+            return rows
         source = torch.from_numpy(record)
-        outputs = [torch.empty_like(source) for _ in range(self.world_size)] if self.rank == dst else None
+        outputs = [torch.empty_like(source) for _ in range(world)] if me == dst else None
         work = dist.gather(source, outputs, group=self._group, group_dst=self._group_rank_of[dst], async_op=True)
         self._wait([work])
         return None if outputs is None else [outputs[g].numpy() for g in self._group_rank_of]
 
     def broadcast(self, record: np.ndarray, src: int) -> np.ndarray:
-        if 2 < self.world_size <= POINT_TO_POINT_RANKS:
+        if self._point_to_point:
             if self.rank == src:
                 self._records([(r, record) for r in range(self.world_size) if r != src], [])
                 return record
@@ -90,7 +103,7 @@ class TorchChannel:
         return tensor.numpy()
 
     def scatter(self, records: Sequence[np.ndarray] | None, src: int, size: int) -> np.ndarray:
-        if 2 < self.world_size <= POINT_TO_POINT_RANKS:
+        if self._point_to_point:
             if records is not None:  # src
                 self._records([(r, records[r]) for r in range(self.world_size) if r != src], [])
                 return records[src]

@@ -476,6 +476,8 @@ def record_steps(comm: Communicator, op: str, point_to_point_ranks: int, gather_
             assert comm.all_gather_object(value) == every
         elif op == "broadcast_object":
             assert comm.broadcast_object(value, src=1) == every[1]
+        elif op == "gather_object":
+            assert comm.gather_object(value, dst=1) == (every if comm.rank == 1 else None)
         else:
             assert comm.scatter_object(every if comm.rank == 1 else None, src=1) == value
     finally:
@@ -486,14 +488,14 @@ def record_steps(comm: Communicator, op: str, point_to_point_ranks: int, gather_
 @pytest.mark.world_size(2, 3, 4)
 def test_records_are_all_gathered_in_two_steps_from_three_ranks(run, world_size: int) -> None:
     """gloo's ring all_gather takes a step per rank: from 3 ranks (up to GATHER_BROADCAST_RANKS)
-    the records go to rank 0 and back in one broadcast, point to point from rank 0 (up to
-    POINT_TO_POINT_RANKS); with 2 ranks, and beyond, the ring is used."""
+    the records go to rank 0 and back in one broadcast, point to point up to POINT_TO_POINT_RANKS;
+    with 2 ranks, and beyond, the ring is used."""
     ring = {"transfers": 0, "gather": 0, "broadcast": 0}
     if world_size == 2:
         expected = [ring] * 2
-    else:
-        expected = [{"transfers": world_size - 1, "gather": 1, "broadcast": 1}]
-        expected += [{"transfers": 1, "gather": 1, "broadcast": 1}] * (world_size - 1)
+    else:  # to rank 0 and back, point to point
+        expected = [{"transfers": 2 * (world_size - 1), "gather": 1, "broadcast": 1}]
+        expected += [{"transfers": 2, "gather": 1, "broadcast": 1}] * (world_size - 1)
     assert run(record_steps, "all_gather_object", 8, 16) == expected
     if world_size > 2:  # the same two steps, in collectives
         in_collectives = {"transfers": 0, "gather": 1, "broadcast": 1}
@@ -502,12 +504,16 @@ def test_records_are_all_gathered_in_two_steps_from_three_ranks(run, world_size:
 
 
 @pytest.mark.world_size(2, 3, 4)
-@pytest.mark.parametrize("op", ["broadcast_object", "scatter_object"])
-def test_records_from_one_rank_go_point_to_point_from_three_to_eight_ranks(run, world_size: int, op: str) -> None:
-    """A small object from src (rank 1 here) is one record sent to every other rank at once, from 3
-    ranks up to POINT_TO_POINT_RANKS; with 2 ranks, and beyond, in gloo's broadcast or scatter."""
-    from_src = [{"transfers": 1, "gather": 0, "broadcast": int(op == "broadcast_object")}] * world_size
-    from_src[1] = {**from_src[1], "transfers": world_size - 1}
-    in_collectives = [{**counts, "transfers": 0} for counts in from_src]
-    assert run(record_steps, op, 8, 16) == (in_collectives if world_size == 2 else from_src)
+@pytest.mark.parametrize("op", ["broadcast_object", "scatter_object", "gather_object"])
+def test_records_go_point_to_point_from_three_to_eight_ranks(run, world_size: int, op: str) -> None:
+    """A small object's records travel between rank 1 (the root here) and every other rank at once,
+    from 3 ranks up to POINT_TO_POINT_RANKS: one transfer from the root for broadcast_object and
+    scatter_object, one to it and the verdict back for gather_object. With 2 ranks, and beyond, in
+    gloo's broadcast, scatter or gather."""
+    steps = 2 if op == "gather_object" else 1
+    counts = {"transfers": steps, "gather": int(op == "gather_object"), "broadcast": int(op != "scatter_object")}
+    point_to_point = [counts] * world_size
+    point_to_point[1] = {**counts, "transfers": steps * (world_size - 1)}
+    in_collectives = [{**counts, "transfers": 0}] * world_size
+    assert run(record_steps, op, 8, 16) == (in_collectives if world_size == 2 else point_to_point)
     assert run(record_steps, op, world_size - 1, 16) == in_collectives
