@@ -121,3 +121,26 @@ def test_the_end_of_fail_together_against_an_object_collective_is_a_mismatch_on_
     results = run_ranks(leaves_fail_together_while_another_gathers, 2, cfg=PATIENT, timeout=60)
     assert results[0].startswith("ranks are in different collectives")
     assert results[1].startswith("an object collective met a rank that is not in it")
+
+
+def refused_while_the_others_wait_for_records(comm: Communicator, op: str) -> str:
+    """Rank 2 refuses its arguments; ranks 0 and 1 wait for records point to point (3 ranks)."""
+    root = comm.world_size if comm.rank == 2 else 2  # out of range on rank 2 only
+    try:
+        if op == "gather_object":
+            comm.gather_object(comm.rank, dst=root)
+        elif op == "broadcast_object":
+            comm.broadcast_object(comm.rank, src=root)
+        else:
+            comm.scatter_object(list(range(comm.world_size)) if comm.rank == root else None, src=root)
+    except ValueError:
+        return "own ValueError"
+    except RemoteError as error:
+        return f"RemoteError {error.error_type} from {error.ranks}"
+    return "no error"
+
+
+@pytest.mark.parametrize("op", ["gather_object", "broadcast_object", "scatter_object"])
+def test_a_rank_that_refuses_its_arguments_releases_the_ranks_waiting_for_its_record(op: str) -> None:
+    results = run_ranks(refused_while_the_others_wait_for_records, 3, op, cfg=PATIENT, timeout=60)
+    assert results == ["RemoteError ValueError from (2,)"] * 2 + ["own ValueError"], results
