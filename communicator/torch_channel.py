@@ -1,6 +1,7 @@
-"""The object channel of a :class:`~communicator.torch_comm.TorchComm`: fixed-size records, exact-size
-frames point to point (see :mod:`communicator.objects.protocol`), and the cut that ends a
-transfer's wait when a communicator closes."""
+"""The object channel of a :class:`~communicator.torch_comm.TorchComm`: fixed-size records (point
+to point from 3 to ``POINT_TO_POINT_RANKS`` ranks, else in gloo collectives), exact-size frames
+point to point (see :mod:`communicator.objects.protocol`), and the cut that ends a transfer's
+wait when a communicator closes."""
 
 from __future__ import annotations
 
@@ -62,8 +63,9 @@ class TorchChannel:
         return 2 < self.world_size <= POINT_TO_POINT_RANKS
 
     def all_gather(self, record: np.ndarray) -> list[np.ndarray]:
-        """Up to ``GATHER_BROADCAST_RANKS``, rank 0 gathers the records and broadcasts them all (two
-        steps whatever the number of ranks); with two ranks, and beyond, gloo's ring."""
+        """From 3 up to ``GATHER_BROADCAST_RANKS`` ranks, rank 0 gathers the records and broadcasts
+        them all (two steps whatever the number of ranks, point to point up to
+        ``POINT_TO_POINT_RANKS``); with two ranks, and beyond, gloo's ring."""
         world = self.world_size
         if 2 < world <= GATHER_BROADCAST_RANKS:
             gathered = self.gather(record, 0)

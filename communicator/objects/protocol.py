@@ -9,8 +9,8 @@ waiting. The receiver raises the sender's failure as a :class:`~communicator.err
 
 Large frames move point to point: for ``all_gather_object``, to every rank at once when each
 is at most 1 MiB, else around a ring (each frame crosses each link once, each chunk forwarded
-from the receive buffer as it arrives); into ``gather_object``'s destination from every sender at once; from
-``broadcast_object``'s source to every rank. Within a stream every receive and every chunk sent
+from the receive buffer as it arrives); into ``gather_object``'s destination from every sender
+at once; from ``broadcast_object``'s source to every rank. Within a stream every receive and every chunk sent
 in place is posted at once; staged chunks take turns in two buffers (see
 :mod:`communicator.objects.frames`).
 
