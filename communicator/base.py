@@ -49,6 +49,7 @@ from __future__ import annotations
 import abc
 import atexit
 import contextlib
+import functools
 import json
 import time
 import weakref
@@ -326,10 +327,11 @@ class Communicator(
         return DONE
 
     def _object_channel(self) -> protocol.Channel:
-        """How object bytes travel (default: over the tensor primitives, as uint8 CPU tensors)."""
-        return protocol.PrimitiveChannel(
-            self.rank, self.world_size, self._all_gather, self._broadcast, self._isend, self._irecv, self._await
-        )
+        """How object bytes travel (default: over the tensor primitives, as uint8 CPU tensors,
+        each started by ``_launch``, so that a start that fails is explained like any other)."""
+        primitives = (self._all_gather, self._broadcast, self._isend, self._irecv)
+        gather, broadcast, send, receive = (functools.partial(self._launch, primitive) for primitive in primitives)
+        return protocol.PrimitiveChannel(self.rank, self.world_size, gather, broadcast, send, receive, self._await)
 
     def _control_store(self) -> Store | None:
         """The key-value store of this communicator's world, shared by its ranks, for the control

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,10 +52,13 @@ class TorchChannel:
         rank: int,
         group: dist.ProcessGroup,
         group_rank_of: list[int],
-        wait: Any,
+        launch: Callable[..., Work],
+        wait: Callable[[Sequence[Work]], None],
     ) -> None:
+        """``launch(start, *args)`` starts a transfer or collective (explaining a start that fails,
+        as a peer that closed makes it), ``wait(works)`` finishes them."""
         self.rank, self.world_size = rank, len(group_rank_of)
-        self._group, self._group_rank_of, self._wait = group, group_rank_of, wait
+        self._group, self._group_rank_of, self._launch, self._wait = group, group_rank_of, launch, wait
 
     @property
     def _point_to_point(self) -> bool:
@@ -74,7 +77,7 @@ class TorchChannel:
         rows = [torch.empty(record.size, dtype=torch.uint8) for _ in range(world)]
         ordered = [rows[self._group_rank_of.index(g)] for g in range(world)]  # torch's rank order
         # gloo's list form: faster than all_gather_into_tensor for small records
-        self._wait([self._group.allgather([ordered], [torch.from_numpy(record)])])
+        self._wait([self._launch(self._group.allgather, [ordered], [torch.from_numpy(record)])])
         return [row.numpy() for row in rows]
 
     def gather(self, record: np.ndarray, dst: int) -> list[np.ndarray] | None:
@@ -88,8 +91,7 @@ class TorchChannel:
             return rows
         source = torch.from_numpy(record)
         outputs = [torch.empty_like(source) for _ in range(world)] if me == dst else None
-        work = dist.gather(source, outputs, group=self._group, group_dst=self._group_rank_of[dst], async_op=True)
-        self._wait([work])
+        self._collective(dist.gather, source, outputs, group_dst=self._group_rank_of[dst])
         return None if outputs is None else [outputs[g].numpy() for g in self._group_rank_of]
 
     def broadcast(self, record: np.ndarray, src: int) -> np.ndarray:
@@ -101,7 +103,7 @@ class TorchChannel:
             self._records([], [(src, received)])
             return received
         tensor = torch.from_numpy(record.copy())
-        self._wait([dist.broadcast(tensor, group=self._group, group_src=self._group_rank_of[src], async_op=True)])
+        self._collective(dist.broadcast, tensor, group_src=self._group_rank_of[src])
         return tensor.numpy()
 
     def scatter(self, records: Sequence[np.ndarray] | None, src: int, size: int) -> np.ndarray:
@@ -116,8 +118,7 @@ class TorchChannel:
         parts = None
         if records is not None:
             parts = [torch.from_numpy(records[self._group_rank_of.index(g)]) for g in range(self.world_size)]
-        work = dist.scatter(out, parts, group=self._group, group_src=self._group_rank_of[src], async_op=True)
-        self._wait([work])
+        self._collective(dist.scatter, out, parts, group_src=self._group_rank_of[src])
         return out.numpy()
 
     def exchange(self, sends: Mapping[int, np.ndarray], recvs: Mapping[int, np.ndarray]) -> None:
@@ -128,6 +129,10 @@ class TorchChannel:
         works = self._start(sends, recvs, TRANSFER_TAG)
         return lambda: self._finish(works)
 
+    def _collective(self, start: Callable[..., Work], *tensors: Any, **root: int) -> None:
+        """Start one of torch's collectives on the group and wait for it."""
+        self._wait([self._launch(functools.partial(start, group=self._group, async_op=True, **root), *tensors)])
+
     def _records(self, sends: Moves, recvs: Moves) -> None:
         self._finish(self._start(sends, recvs, RECORD_TAG))
 
@@ -135,13 +140,16 @@ class TorchChannel:
         works: list[Work] = []
         for peer, array in recvs:  # receives first: no send waits for one never posted
             group_peer = self._group_rank_of[peer]
-            work = dist.irecv(torch.from_numpy(array), group=self._group, group_src=group_peer, tag=tag)
-            works.append(PointToPoint(work, peer, functools.partial(cut, self._group, group_peer)))
+            receive = functools.partial(dist.irecv, group=self._group, group_src=group_peer, tag=tag)
+            works.append(PointToPoint(self._launch(receive, torch.from_numpy(array)), peer, self._cut(group_peer)))
         for peer, array in sends:
             group_peer = self._group_rank_of[peer]
-            work = dist.isend(torch.from_numpy(array), group=self._group, group_dst=group_peer, tag=tag)
-            works.append(PointToPoint(work, peer, functools.partial(cut, self._group, group_peer)))
+            send = functools.partial(dist.isend, group=self._group, group_dst=group_peer, tag=tag)
+            works.append(PointToPoint(self._launch(send, torch.from_numpy(array)), peer, self._cut(group_peer)))
         return works
+
+    def _cut(self, group_peer: int) -> Callable[[], None]:
+        return functools.partial(cut, self._group, group_peer)
 
     def _finish(self, works: list[Work]) -> None:
         # Transfers that finished already (while a collective ran, say) need no trip through the

@@ -312,7 +312,7 @@ class TorchComm(Communicator):
 
     @override
     def _object_channel(self) -> TorchChannel:
-        return TorchChannel(self._rank, self._scope.companion, self._group_rank_of, self._await)
+        return TorchChannel(self._rank, self._scope.companion, self._group_rank_of, self._launch, self._await)
 
     def _controlled(self) -> Control:
         """The control plane (every TorchComm has one, over the rendezvous store)."""

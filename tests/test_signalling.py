@@ -144,3 +144,22 @@ def refused_while_the_others_wait_for_records(comm: Communicator, op: str) -> st
 def test_a_rank_that_refuses_its_arguments_releases_the_ranks_waiting_for_its_record(op: str) -> None:
     results = run_ranks(refused_while_the_others_wait_for_records, 3, op, cfg=PATIENT, timeout=60)
     assert results == ["RemoteError ValueError from (2,)"] * 2 + ["own ValueError"], results
+
+
+def gather_after_a_peer_left(comm: Communicator) -> str:
+    if comm.rank == 2:
+        return "left"  # closes its communicator and exits
+    time.sleep(1)  # most often rank 2 is gone by now: posting a transfer to it fails at once
+    try:
+        comm.gather_object(comm.rank, dst=0)
+    except CommError as error:
+        return type(error).__name__
+    return "no error"
+
+
+def test_a_transfer_posted_to_a_rank_that_left_is_explained() -> None:
+    """Records travel point to point at 3 ranks; gloo refuses to post a transfer to a closed peer,
+    and that refusal is the library's error, naming what happened, not the transport's."""
+    results = run_ranks(gather_after_a_peer_left, 3, cfg=PATIENT, timeout=60)
+    assert results[2] == "left"
+    assert all(result in ("PeerClosedError", "PeerLostError") for result in results[:2]), results
