@@ -28,9 +28,10 @@ __all__ = ["GATHER_BROADCAST_RANKS", "POINT_TO_POINT_RANKS", "TorchChannel", "cu
 # 0.26 ms against 0.29): a transfer's wait costs a thread hand-off (see
 # communicator.control.waiting). Beyond, a rank would post a transfer per rank.
 POINT_TO_POINT_RANKS = 8
-# Up to this many ranks from 3, records are all-gathered by a gather and a broadcast: gloo's
-# ring all_gather takes a step per rank (at 4 ranks on 2 cores, 3.1 ms where the two steps took
-# 1.1 ms); beyond, the broadcast of every record from one rank would outweigh the steps.
+# Up to this many ranks, records are all-gathered by a gather and a broadcast: gloo's ring
+# all_gather takes a step per rank (at 4 ranks on 2 cores, 3.1 ms where the two steps took 1.1 ms;
+# at 2 ranks, a small all_gather_object 0.45 to 0.47 ms against 0.51 to 0.58 in its one step);
+# beyond, the broadcast of every record from one rank would outweigh the steps.
 GATHER_BROADCAST_RANKS = 16
 
 
@@ -66,11 +67,11 @@ class TorchChannel:
         return 2 < self.world_size <= POINT_TO_POINT_RANKS
 
     def all_gather(self, record: np.ndarray) -> list[np.ndarray]:
-        """From 3 up to ``GATHER_BROADCAST_RANKS`` ranks, rank 0 gathers the records and broadcasts
-        them all (two steps whatever the number of ranks, point to point up to
-        ``POINT_TO_POINT_RANKS``); with two ranks, and beyond, gloo's ring."""
+        """Up to ``GATHER_BROADCAST_RANKS`` ranks, rank 0 gathers the records and broadcasts them
+        all (two steps whatever the number of ranks, point to point from 3 to
+        ``POINT_TO_POINT_RANKS``); beyond, gloo's ring."""
         world = self.world_size
-        if 2 < world <= GATHER_BROADCAST_RANKS:
+        if 1 < world <= GATHER_BROADCAST_RANKS:
             gathered = self.gather(record, 0)
             every = np.concatenate(gathered) if gathered is not None else np.empty(record.size * world, np.uint8)
             return np.split(self.broadcast(every, 0), world)

@@ -486,20 +486,19 @@ def record_steps(comm: Communicator, op: str, point_to_point_ranks: int, gather_
 
 
 @pytest.mark.world_size(2, 3, 4)
-def test_records_are_all_gathered_in_two_steps_from_three_ranks(run, world_size: int) -> None:
-    """gloo's ring all_gather takes a step per rank: from 3 ranks (up to GATHER_BROADCAST_RANKS)
-    the records go to rank 0 and back in one broadcast, point to point up to POINT_TO_POINT_RANKS;
-    with 2 ranks, and beyond, the ring is used."""
-    ring = {"transfers": 0, "gather": 0, "broadcast": 0}
+def test_records_are_all_gathered_in_two_steps(run, world_size: int) -> None:
+    """gloo's ring all_gather takes a step per rank: up to GATHER_BROADCAST_RANKS the records go to
+    rank 0 and back in one broadcast, point to point from 3 ranks up to POINT_TO_POINT_RANKS;
+    beyond, the ring is used."""
+    in_collectives = {"transfers": 0, "gather": 1, "broadcast": 1}
     if world_size == 2:
-        expected = [ring] * 2
+        expected = [in_collectives] * 2
     else:  # to rank 0 and back, point to point
         expected = [{"transfers": 2 * (world_size - 1), "gather": 1, "broadcast": 1}]
         expected += [{"transfers": 2, "gather": 1, "broadcast": 1}] * (world_size - 1)
     assert run(record_steps, "all_gather_object", 8, 16) == expected
-    if world_size > 2:  # the same two steps, in collectives
-        in_collectives = {"transfers": 0, "gather": 1, "broadcast": 1}
-        assert run(record_steps, "all_gather_object", 1, 16) == [in_collectives] * world_size
+    assert run(record_steps, "all_gather_object", 1, 16) == [in_collectives] * world_size
+    ring = {"transfers": 0, "gather": 0, "broadcast": 0}
     assert run(record_steps, "all_gather_object", 1, 1) == [ring] * world_size
 
 
