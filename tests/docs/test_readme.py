@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from doc_snippets import README, ROOT, snippets
 
-VENV = "python3 -m venv --clear .venv && . .venv/bin/activate && "
-# The demo's venv is its own, so that the two commands can run at once in one clone.
-DEMO = (
-    "python3 -m venv --clear .venv-demo && . .venv-demo/bin/activate && "
-    "python -m pip install torch==2.13.0 && python -m pip install -e . && python -m communicator demo"
-)
+# Each command makes a new venv in a directory of its own, so that commands run at once in one
+# clone (the same one twice included) never empty or rebuild the venv another runs from.
+VENV = 'venv=$(mktemp -d) && python3 -m venv "$venv" && . "$venv/bin/activate" && '
+DEMO = VENV + "python -m pip install torch==2.13.0 && python -m pip install -e . && python -m communicator demo"
 TESTS = VENV + (
     'python -m pip install torch==2.13.0 && python -m pip install -e ".[test,docs,bench]" '
     "&& python -m pytest -n 3 --dist loadgroup"
