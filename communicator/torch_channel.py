@@ -96,13 +96,8 @@ class TorchChannel:
         return None if outputs is None else [outputs[g].numpy() for g in self._group_rank_of]
 
     def broadcast(self, record: np.ndarray, src: int) -> np.ndarray:
-        if self._point_to_point:
-            if self.rank == src:
-                self._records([(r, record) for r in range(self.world_size) if r != src], [])
-                return record
-            received = np.empty_like(record)
-            self._records([], [(src, received)])
-            return received
+        if self._point_to_point:  # src's one record to every rank: a scatter of it
+            return self.scatter([record] * self.world_size if self.rank == src else None, src, record.size)
         tensor = torch.from_numpy(record.copy())
         self._collective(dist.broadcast, tensor, group_src=self._group_rank_of[src])
         return tensor.numpy()

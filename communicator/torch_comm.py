@@ -258,7 +258,7 @@ class TorchComm(Communicator):
 
     @override
     def _reduce(self, tensor: torch.Tensor, dst: int, op: str) -> Work:
-        if self._backend == "nccl" and op in _NCCL_LACKS:
+        if op in _NCCL_LACKS and self._backend == "nccl":
             return derived.reduce(self, tensor, dst, op)
         carried, back = wire.for_reduction(tensor, op)
         work = dist.reduce(
@@ -268,7 +268,7 @@ class TorchComm(Communicator):
 
     @override
     def _reduce_scatter(self, output: torch.Tensor, inputs: list[torch.Tensor], op: str) -> Work:
-        if self._backend == "nccl" and op in _NCCL_LACKS:
+        if op in _NCCL_LACKS and self._backend == "nccl":
             return Communicator._reduce_scatter(self, output, inputs, op)
         ordered = [inputs[self._local_of_group[g]] for g in range(self.world_size)]
         if output.dtype in wire.UNSUPPORTED:

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -31,14 +32,17 @@ VERDICTS = {MET, MISSED, WITHIN_NOISE}
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _quick_report(tmp_path: Path, *arguments: str) -> dict[str, Any]:
+    """The JSON report of ``communicator bench --quick`` with ``arguments``, which must succeed."""
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--quick", *arguments, "--json", str(out)]) == 0
+    report: dict[str, Any] = json.loads(out.read_text())
+    return report
+
+
 @pytest.mark.timeout(120)
 def test_quick_bench_records_every_call(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "bench.json"
-
-    code = main(["bench", "--quick", "--world-size", "2", "--json", str(out)])
-
-    assert code == 0
-    report = json.loads(out.read_text())
+    report = _quick_report(tmp_path, "--world-size", "2")
     assert report["world_sizes"] == [2]
     assert report["repeat"] == 2
     assert report["all_correct"] is True
@@ -83,12 +87,7 @@ def test_quick_bench_records_every_call(tmp_path: Path, capsys: pytest.CaptureFi
 
 @pytest.mark.timeout(120)
 def test_the_fresh_floor_and_the_cost_per_byte_are_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "bench.json"
-
-    code = main(["bench", "--quick", "--world-size", "2", "--cases", "arrays", "unequal", "--json", str(out)])
-
-    assert code == 0
-    (world,) = json.loads(out.read_text())["worlds"]
+    (world,) = _quick_report(tmp_path, "--world-size", "2", "--cases", "arrays", "unequal")["worlds"]
     for case in ("arrays", "unequal"):
         lengths = world["cases"][case]["bytes_per_rank"]
         for op in LIST_OPS:
@@ -107,12 +106,7 @@ def test_the_fresh_floor_and_the_cost_per_byte_are_recorded(tmp_path: Path, caps
 
 @pytest.mark.timeout(120)
 def test_records_phases_add_up_to_their_total(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "bench.json"
-
-    code = main(["bench", "--quick", "--world-size", "2", "--cases", "records", "small", "--json", str(out)])
-
-    assert code == 0
-    (world,) = json.loads(out.read_text())["worlds"]
+    (world,) = _quick_report(tmp_path, "--world-size", "2", "--cases", "records", "small")["worlds"]
     assert all("phases" not in op for op in world["cases"]["small"]["ops"].values())  # the records case only
     seen = set()
     for op in LIST_OPS:
@@ -134,12 +128,7 @@ def test_records_phases_add_up_to_their_total(tmp_path: Path, capsys: pytest.Cap
 
 @pytest.mark.timeout(120)
 def test_several_world_sizes_in_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "bench.json"
-
-    code = main(["bench", "--quick", "--world-size", "2", "3", "--cases", "small", "overhead", "--json", str(out)])
-
-    assert code == 0
-    report = json.loads(out.read_text())
+    report = _quick_report(tmp_path, "--world-size", "2", "3", "--cases", "small", "overhead")
     assert report["world_sizes"] == [2, 3]
     printed = capsys.readouterr().out
     for world, size in zip(report["worlds"], (2, 3), strict=True):
@@ -367,12 +356,7 @@ def test_a_peer_that_is_not_installed_reads_n_a() -> None:
 
 @pytest.mark.timeout(120)
 def test_array_mib_sets_the_arrays_payload(tmp_path: Path) -> None:
-    out = tmp_path / "bench.json"
-
-    code = main(["bench", "--quick", "--world-size", "2", "--cases", "arrays", "--array-mib", "3", "--json", str(out)])
-
-    assert code == 0
-    report = json.loads(out.read_text())
+    report = _quick_report(tmp_path, "--world-size", "2", "--cases", "arrays", "--array-mib", "3")
     assert report["array_bytes"] == 3 * 2**20
     (world,) = report["worlds"]
     assert all(3 * 2**20 <= length < 3 * 2**20 + 2**16 for length in world["cases"]["arrays"]["bytes_per_rank"])
