@@ -23,7 +23,7 @@ from communicator.base import Communicator
 from communicator.config import CommConfig
 from communicator.control import Control
 from communicator.control.log import Store
-from communicator.control.waiting import PointToPoint, Together
+from communicator.control.waiting import PointToPoint, StreamOrdered, Together
 from communicator.errors import CommError, NotMemberError
 from communicator.factory import TORCH
 from communicator.groups import GroupPair, Groups
@@ -253,7 +253,7 @@ class TorchComm(Communicator):
         if op in _NCCL_LACKS and self._backend == "nccl":
             return derived.all_reduce(self, tensor, op)
         carried, back = wire.for_reduction(tensor, op)
-        work = self._group.allreduce([carried], _ALL_REDUCE[op])
+        work = self._queued(self._group.allreduce([carried], _ALL_REDUCE[op]))
         return work if back is None else wire.Converted(work, back)
 
     @override
@@ -261,9 +261,8 @@ class TorchComm(Communicator):
         if op in _NCCL_LACKS and self._backend == "nccl":
             return derived.reduce(self, tensor, dst, op)
         carried, back = wire.for_reduction(tensor, op)
-        work = dist.reduce(
-            carried, group=self._group, group_dst=self._group_rank_of[dst], op=_TORCH_OPS[op], async_op=True
-        )
+        root = self._group_rank_of[dst]
+        work = self._queued(dist.reduce(carried, group=self._group, group_dst=root, op=_TORCH_OPS[op], async_op=True))
         return work if back is None else wire.Converted(work, back)
 
     @override
@@ -274,13 +273,13 @@ class TorchComm(Communicator):
         if output.dtype in wire.UNSUPPORTED:
             wide = [wire.for_reduction(t, op)[0] for t in ordered]
             carried, back = wire.for_reduction(output, op)
-            work = dist.reduce_scatter(carried, wide, op=_TORCH_OPS[op], group=self._group, async_op=True)
+            work = self._queued(dist.reduce_scatter(carried, wide, op=_TORCH_OPS[op], group=self._group, async_op=True))
             return work if back is None else wire.Converted(work, back)
-        return _started(dist.reduce_scatter(output, ordered, op=_TORCH_OPS[op], group=self._group, async_op=True))
+        return self._queued(dist.reduce_scatter(output, ordered, op=_TORCH_OPS[op], group=self._group, async_op=True))
 
     @override
     def _broadcast(self, tensor: torch.Tensor, src: int) -> Work:
-        return _started(self._group.broadcast([self._carry(tensor)], _broadcast_options(self._group_rank_of[src])))
+        return self._queued(self._group.broadcast([self._carry(tensor)], _broadcast_options(self._group_rank_of[src])))
 
     @override
     def _all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> Work:
@@ -289,7 +288,11 @@ class TorchComm(Communicator):
             works = [self._irecv(outputs[r], r, TRANSFER_TAG) for r in others]
             return Together(works + [self._isend(tensor, r, TRANSFER_TAG) for r in others])
         ordered = [self._carry(outputs[self._local_of_group[g]]) for g in range(self.world_size)]
-        return _started(self._group.allgather([ordered], [self._carry(tensor)]))
+        return self._queued(self._group.allgather([ordered], [self._carry(tensor)]))
+
+    def _queued(self, work: Any) -> Work:
+        """A collective started on the group: stream-ordered under NCCL (see ``StreamOrdered``)."""
+        return StreamOrdered(work) if self._backend == "nccl" else _started(work)
 
     def _carry(self, tensor: torch.Tensor) -> torch.Tensor:
         """What moves ``tensor``'s data: itself, or its bytes when a backend refuses its dtype."""

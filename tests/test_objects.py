@@ -325,6 +325,18 @@ def test_large_frames_go_around_the_ring_chunk_by_chunk(run) -> None:
     assert all(run(ring_of_unequal_frames))
 
 
+def large_objects_alone(comm: Communicator) -> str:
+    """Every object op with a frame that would go around the ring at more ranks."""
+    big = _ring_payload(0)
+    assert _same(comm.all_gather_object(big), [big]) and _same(comm.gather_object(big, 0), [big])
+    assert _same(comm.broadcast_object(big, 0), big) and _same(comm.scatter_object([big], 0), big)
+    return type(comm).__name__
+
+
+def test_a_torch_group_of_one_rank_sends_no_object_to_itself() -> None:
+    assert run_ranks(large_objects_alone, 1) == ["TorchComm"]
+
+
 MiB = 1024 * 1024
 BUFFER = 4 * MiB  # object_buffer_bytes in the memory test
 PAYLOAD = 48 * MiB  # per rank: 12 arrays of 4 MiB

@@ -12,6 +12,12 @@ or torch's ``RuntimeError`` that says "timed out") when the slice ran out. Point
 transfers are waited on whole in a helper thread (gloo treats a send's or receive's wait timeout
 as the transfer's own: when it runs out, the connection closes).
 
+A GPU collective (NCCL) is never waited on with a timeout: torch treats a timed wait that runs
+out as the collective's own timeout and takes the process down (an all_reduce queued behind 50 ms
+of matrix products did so). It is :class:`StreamOrdered`, as in torch: waiting orders the caller's
+CUDA stream after it, and the CPU goes on; torch's NCCL watchdog ends a collective that outlives
+the group's timeout.
+
 A transfer abandoned after a failure may never finish. Its thread must not be inside the wait when
 the interpreter finalises: a wait that returns then cannot take the GIL back, and the thread's
 forced exit through torch's no-throw code aborts the process ("terminate called without an active
@@ -39,6 +45,7 @@ __all__ = [
     "FIRST_SLICE_SECONDS",
     "LOOK_SECONDS",
     "PointToPoint",
+    "StreamOrdered",
     "Together",
     "TransferWaiter",
     "at_once",
@@ -90,6 +97,23 @@ class PointToPoint:
 
     def wait(self, timeout: timedelta | None = None) -> Any:
         return self.work.wait() if timeout is None else self.work.wait(timeout)
+
+    def is_completed(self) -> bool:
+        return bool(self.work.is_completed())
+
+
+class StreamOrdered:
+    """A started GPU collective: its wait, whatever the timeout, orders the caller's CUDA stream
+    after it and returns at once, as torch's own ``wait()`` (see the module docstring)."""
+
+    __slots__ = ("work",)
+
+    def __init__(self, work: Any) -> None:
+        self.work = work
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self.work.wait()
+        return True
 
     def is_completed(self) -> bool:
         return bool(self.work.is_completed())

@@ -437,6 +437,8 @@ def _ring(
     crosses each link once. Frames of at most ``AT_ONCE_BYTES`` go to every rank at once instead,
     up to ``AT_ONCE_RANKS`` ranks: one step, not ``world - 1``."""
     rank, world = channel.rank, channel.world_size
+    if world == 1:  # no other rank: the next one would be this one
+        return
     at_once = world <= AT_ONCE_RANKS and all(rec.length <= AT_ONCE_BYTES for rec in records if rec.is_large)
     if at_once:  # latency over bandwidth
         sends = [(tuple(r for r in range(world) if r != rank), own())] if records[rank].is_large else []

@@ -101,3 +101,28 @@ def test_results_come_back_to_the_device_of_the_tensor_passed() -> None:
         "cuda_stays": ["cuda"],
         "bor": [0b1010],
     }
+
+
+def behind_busy_gpu(comm: Communicator) -> dict[str, object]:
+    """Collectives queued behind a kernel that keeps the GPU busy far longer than a first wait's
+    slice: each call returns while the kernel runs (torch's stream order), and none times out."""
+    device = comm.device
+    one = torch.ones(4, device=device)
+    rows = torch.ones(2, 3, device=device)
+    comm.all_reduce(torch.zeros(4, device=device))  # NCCL's communicator starts on first use
+    comm.all_gather(rows, same_shape=True)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second of clock cycles on the GPU's stream
+    comm.all_reduce(one)
+    comm.broadcast(one, src=0)
+    handle = comm.all_reduce(rows, async_op=True)
+    handle.wait()
+    gathered = comm.all_gather(rows, same_shape=True)
+    returned_first = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    return {"returned_first": returned_first, "one": one.tolist(), "rows": rows.tolist(), "gathered": len(gathered)}
+
+
+def test_collectives_behind_queued_gpu_work_are_stream_ordered() -> None:
+    (result,) = run_ranks(behind_busy_gpu, 1, cfg={"backend": "nccl"}, timeout=120)
+    assert result == {"returned_first": True, "one": [1.0] * 4, "rows": [[1.0] * 3] * 2, "gathered": 1}
