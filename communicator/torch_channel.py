@@ -123,14 +123,14 @@ class TorchChannel:
 
     def post(self, sends: Moves, recvs: Moves) -> Pending:
         works = self._start(sends, recvs, TRANSFER_TAG)
-        return lambda: self._finish(works)
+        return lambda: self._wait(works)
 
     def _collective(self, start: Callable[..., Work], *tensors: Any, **root: int) -> None:
         """Start one of torch's collectives on the group and wait for it."""
         self._wait([self._launch(functools.partial(start, group=self._group, async_op=True, **root), *tensors)])
 
     def _records(self, sends: Moves, recvs: Moves) -> None:
-        self._finish(self._start(sends, recvs, RECORD_TAG))
+        self._wait(self._start(sends, recvs, RECORD_TAG))
 
     def _start(self, sends: Moves, recvs: Moves, tag: int) -> list[Work]:
         works: list[Work] = []
@@ -146,15 +146,3 @@ class TorchChannel:
 
     def _cut(self, group_peer: int) -> Callable[[], None]:
         return functools.partial(cut, self._group, group_peer)
-
-    def _finish(self, works: list[Work]) -> None:
-        # Transfers that finished already (while a collective ran, say) need no trip through the
-        # transfer thread: their wait returns at once. A failure goes the long way, to be explained.
-        if all(work.is_completed() for work in works):
-            try:
-                for work in works:
-                    work.wait()
-                return
-            except RuntimeError:
-                pass
-        self._wait(works)
