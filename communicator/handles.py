@@ -51,6 +51,8 @@ class Handle(Generic[T]):
     """A started operation. ``wait()`` blocks until it is done and returns its result.
 
     ``wait`` honours the communicator's timeout and failure signalling, like a blocking call.
+    Under NCCL a tensor collective is stream-ordered, as in torch: ``wait()`` makes the current
+    CUDA stream wait for it and returns without waiting for the GPU.
     """
 
     def __init__(self, works: Sequence[Work], finish: Callable[[], T], waiter: Waiter | None = None) -> None:
@@ -75,7 +77,9 @@ class Handle(Generic[T]):
         return self._result  # type: ignore[return-value]
 
     def is_completed(self) -> bool:
-        """Whether ``wait()`` would return without blocking."""
+        """Whether the operation has finished (under NCCL: on the GPU). gloo's sends and receives
+        (``isend``, ``irecv``) say so only once waited on, as torch's own works do: do not loop
+        on it for them."""
         return self._done or all(w.is_completed() for w in self._works)
 
     @classmethod
