@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from torch.distributed.distributed_c10d import PrefixStore
 
 from communicator import CollectiveMismatchError, CommError, Communicator, NonMemberComm, RemoteError
 from communicator.control.log import Store
+from communicator.control.waiting import StreamOrdered, at_once, finished
 from communicator.handles import Work
 from communicator.testing import run_ranks
 
@@ -251,3 +253,25 @@ def test_sixteen_oversubscribed_ranks_go_through_a_failure() -> None:
 def test_sixteen_oversubscribed_ranks_have_a_stall_diagnosed() -> None:
     results = run_ranks(sixteen_in_a_stall, 16, cfg=PATIENT, timeout=200)
     assert results == ["mismatch in all_gather_object #2"] * 16  # after the barrier, #1
+
+
+class _WaitsRecorded:
+    """A started collective that records the timeout of every wait on it."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[timedelta | None] = []
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self.timeouts.append(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return False  # the GPU is still busy
+
+
+def test_a_gpu_collective_is_never_waited_on_with_a_timeout() -> None:
+    """torch takes the process down when a timed wait on an NCCL collective runs out."""
+    work = _WaitsRecorded()
+    ordered = StreamOrdered(work)
+    assert at_once(ordered) and finished(ordered, 0.001) and ordered.wait(timedelta(seconds=1))
+    assert work.timeouts == [None, None, None] and not ordered.is_completed()
