@@ -90,6 +90,9 @@ class TensorOperations:
     def barrier(self: TensorHost, timeout: Timeout | None = None) -> None:
         """Wait until every rank arrives; ``timeout`` (seconds or a ``timedelta``) overrides the comm's.
 
+        It orders the ranks' CPUs (under NCCL on the gloo companion group), not GPU work queued
+        before it: call ``torch.cuda.synchronize()`` first where that matters.
+
         Raises:
             CommTimeoutError: naming the ranks that did not arrive, where the backend can tell.
         """
