@@ -13,10 +13,19 @@ from hosts import NETNS_ETC, Network, missing, namespaces, netns_pids, session_n
 pytestmark = pytest.mark.skipif(missing() is not None, reason=str(missing()))
 
 
+def _inside(netns: str, pid: int) -> None:
+    """Wait until process ``pid``, started to enter ``netns``, runs there (on a loaded machine it
+    takes a while, and a namespace removed before then is one it never enters)."""
+    deadline = time.monotonic() + 10
+    while pid not in netns_pids(netns) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_everything_is_removed_when_the_block_fails() -> None:
     with pytest.raises(RuntimeError, match="a failing test"), Network() as network:
         host = network.hosts[1]
         sleeper = subprocess.Popen(host.command(["sleep", "600"]), env=network.environ({"PATH": "/usr/bin:/bin"}))
+        _inside(host.netns, sleeper.pid)
         made = [host.netns for host in network.hosts] + [network.switch]
         assert set(made) <= set(namespaces())
         raise RuntimeError("a failing test")
@@ -36,9 +45,7 @@ def test_leftovers_of_a_dead_session_are_swept() -> None:
     (NETNS_ETC / leftover).mkdir(parents=True)
     workdir.mkdir()
     stray = subprocess.Popen(["nsenter", f"--net=/run/netns/{leftover}", "sleep", "600"])
-    deadline = time.monotonic() + 10
-    while not netns_pids(leftover) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _inside(leftover, stray.pid)
     with Network() as live:
         removed = sweep_leftovers()
         # A crashed run before this one may have left more: only dead sessions' names may go.
