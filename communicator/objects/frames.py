@@ -207,14 +207,8 @@ def stream(
         return
     into = [(peer, chunk) for peer, chunks in recvs for chunk in chunks]
     posted = [_once(channel.post([], into))] if into else []
-    streams = [(peers, chunks, next(chunks, None)) for peers, chunks in sends]
-    while streams:
-        done = _once(
-            channel.post([(peer, chunk) for peers, _, chunk in streams if chunk is not None for peer in peers], [])
-        )
-        posted.append(done)
-        streams = [(peers, chunks, _following(chunks, done)) for peers, chunks, chunk in streams if chunk is not None]
-        streams = [stream for stream in streams if stream[2] is not None]
+    for peers, chunks in sends:
+        posted += post_stream(channel, peers, chunks)
     for done in posted:
         done()
 
