@@ -5,6 +5,19 @@
 code that receives ``comm`` has no branches.
 """
 
+import sys
+
+try:
+    import torch  # noqa: F401 - first: an environment without it is named, not only the module
+except ModuleNotFoundError as missing:
+    if missing.name != "torch":
+        raise
+    raise ModuleNotFoundError(
+        f"communicator needs torch, which {sys.executable} (environment {sys.prefix}) cannot import: "
+        "install it there first, e.g. python -m pip install torch==2.13.0",
+        name="torch",
+    ) from missing
+
 from communicator.base import Communicator
 from communicator.config import CommConfig
 from communicator.context_group import ContextGroup

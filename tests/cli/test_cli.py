@@ -47,3 +47,12 @@ def test_version_is_the_installed_release() -> None:
     assert done.returncode == 0
     assert done.stdout.strip() == f"communicator {communicator.__version__}"
     assert communicator.__version__ == importlib.metadata.version("communicator")
+
+
+def test_a_python_without_torch_is_named() -> None:
+    # torch hidden from this interpreter, as in an environment that never installed it
+    hidden = "import sys, runpy; sys.modules['torch'] = None; sys.argv[1:] = ['info']; runpy.run_module('communicator')"
+    done = subprocess.run([sys.executable, "-c", hidden], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("ModuleNotFoundError: communicator needs torch") and sys.executable in last, last
