@@ -1,8 +1,20 @@
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 pytest_plugins = ["communicator.pytest_plugin"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the controller, before any worker collects: import yapf (which mmengine imports) once.
+    Its first import in a new environment rewrites a grammar cache in the user's cache directory,
+    renamed into place before it is flushed, so workers importing it at the same moment can read
+    it empty (``EOFError: Ran out of input`` while collecting)."""
+    if not hasattr(config, "workerinput"):
+        with contextlib.suppress(ImportError):
+            import yapf  # noqa: F401
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
