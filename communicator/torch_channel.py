@@ -134,14 +134,15 @@ class TorchChannel:
 
     def _start(self, sends: Moves, recvs: Moves, tag: int) -> list[Work]:
         works: list[Work] = []
+        group = self._group  # its own methods: torch's module functions check again what is known
         for peer, array in recvs:  # receives first: no send waits for one never posted
             group_peer = self._group_rank_of[peer]
-            receive = functools.partial(dist.irecv, group=self._group, group_src=group_peer, tag=tag)
-            works.append(PointToPoint(self._launch(receive, torch.from_numpy(array)), peer, self._cut(group_peer)))
+            work = self._launch(group.recv, [torch.from_numpy(array)], group_peer, tag)
+            works.append(PointToPoint(work, peer, self._cut(group_peer)))
         for peer, array in sends:
             group_peer = self._group_rank_of[peer]
-            send = functools.partial(dist.isend, group=self._group, group_dst=group_peer, tag=tag)
-            works.append(PointToPoint(self._launch(send, torch.from_numpy(array)), peer, self._cut(group_peer)))
+            work = self._launch(group.send, [torch.from_numpy(array)], group_peer, tag)
+            works.append(PointToPoint(work, peer, self._cut(group_peer)))
         return works
 
     def _cut(self, group_peer: int) -> Callable[[], None]:

@@ -279,7 +279,8 @@ class TorchComm(Communicator):
 
     @override
     def _broadcast(self, tensor: torch.Tensor, src: int) -> Work:
-        return self._queued(self._group.broadcast([self._carry(tensor)], _broadcast_options(self._group_rank_of[src])))
+        options = _broadcast_options(self._group_rank_of[src])
+        return self._queued(self._group.broadcast([wire.as_bytes(tensor)], options))
 
     @override
     def _all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> Work:
@@ -287,28 +288,22 @@ class TorchComm(Communicator):
             others = [r for r in range(self.world_size) if r != self._rank]
             works = [self._irecv(outputs[r], r, TRANSFER_TAG) for r in others]
             return Together(works + [self._isend(tensor, r, TRANSFER_TAG) for r in others])
-        ordered = [self._carry(outputs[self._local_of_group[g]]) for g in range(self.world_size)]
-        return self._queued(self._group.allgather([ordered], [self._carry(tensor)]))
+        ordered = [wire.as_bytes(outputs[self._local_of_group[g]]) for g in range(self.world_size)]
+        return self._queued(self._group.allgather([ordered], [wire.as_bytes(tensor)]))
 
-    def _queued(self, work: Any) -> Work:
+    def _queued(self, work: Work) -> Work:
         """A collective started on the group: stream-ordered under NCCL (see ``StreamOrdered``)."""
-        return StreamOrdered(work) if self._backend == "nccl" else _started(work)
-
-    def _carry(self, tensor: torch.Tensor) -> torch.Tensor:
-        """What moves ``tensor``'s data: itself, or its bytes when a backend refuses its dtype."""
-        return wire.as_bytes(tensor)
+        return StreamOrdered(work) if self._backend == "nccl" else work
 
     @override
     def _isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Work:
         peer = self._group_rank_of[dst]
-        work = dist.isend(self._carry(tensor), group=self._group, group_dst=peer, tag=tag)
-        return PointToPoint(work, dst, self._cutter(peer))
+        return PointToPoint(self._group.send([wire.as_bytes(tensor)], peer, tag), dst, self._cutter(peer))
 
     @override
     def _irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
         peer = self._group_rank_of[src]
-        work = dist.irecv(self._carry(tensor), group=self._group, group_src=peer, tag=tag)
-        return PointToPoint(work, src, self._cutter(peer))
+        return PointToPoint(self._group.recv([wire.as_bytes(tensor)], peer, tag), src, self._cutter(peer))
 
     def _cutter(self, group_peer: int) -> Callable[[], None] | None:
         return functools.partial(cut, self._group, group_peer) if self._backend == "gloo" else None
