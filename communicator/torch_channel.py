@@ -18,6 +18,7 @@ from communicator.arguments import CUT_TAG, RECORD_TAG, TRANSFER_TAG
 from communicator.control.waiting import PointToPoint, finished
 from communicator.handles import Work
 from communicator.objects.frames import Moves, Pending
+from communicator.torch_options import broadcast_options, gather_options, scatter_options
 
 __all__ = ["GATHER_BROADCAST_RANKS", "POINT_TO_POINT_RANKS", "TorchChannel", "cut"]
 
@@ -92,14 +93,15 @@ class TorchChannel:
             return rows
         source = torch.from_numpy(record)
         outputs = [torch.empty_like(source) for _ in range(world)] if me == dst else None
-        self._collective(dist.gather, source, outputs, group_dst=self._group_rank_of[dst])
+        root = gather_options(self._group_rank_of[dst])
+        self._collective(self._group.gather, [] if outputs is None else [outputs], [source], root)
         return None if outputs is None else [outputs[g].numpy() for g in self._group_rank_of]
 
     def broadcast(self, record: np.ndarray, src: int) -> np.ndarray:
         if self._point_to_point:  # src's one record to every rank: a scatter of it
             return self.scatter([record] * self.world_size if self.rank == src else None, src, record.size)
         tensor = torch.from_numpy(record.copy())
-        self._collective(dist.broadcast, tensor, group_src=self._group_rank_of[src])
+        self._collective(self._group.broadcast, [tensor], broadcast_options(self._group_rank_of[src]))
         return tensor.numpy()
 
     def scatter(self, records: Sequence[np.ndarray] | None, src: int, size: int) -> np.ndarray:
@@ -111,10 +113,10 @@ class TorchChannel:
             self._records([], [(src, received)])
             return received
         out = torch.empty(size, dtype=torch.uint8)
-        parts = None
+        parts = []
         if records is not None:
-            parts = [torch.from_numpy(records[self._group_rank_of.index(g)]) for g in range(self.world_size)]
-        self._collective(dist.scatter, out, parts, group_src=self._group_rank_of[src])
+            parts = [[torch.from_numpy(records[self._group_rank_of.index(g)]) for g in range(self.world_size)]]
+        self._collective(self._group.scatter, [out], parts, scatter_options(self._group_rank_of[src]))
         return out.numpy()
 
     def exchange(self, sends: Mapping[int, np.ndarray], recvs: Mapping[int, np.ndarray]) -> None:
@@ -125,9 +127,9 @@ class TorchChannel:
         works = self._start(sends, recvs, TRANSFER_TAG)
         return lambda: self._wait(works)
 
-    def _collective(self, start: Callable[..., Work], *tensors: Any, **root: int) -> None:
-        """Start one of torch's collectives on the group and wait for it."""
-        self._wait([self._launch(functools.partial(start, group=self._group, async_op=True, **root), *tensors)])
+    def _collective(self, start: Callable[..., Work], *arguments: Any) -> None:
+        """Start one of the group's own collectives (see :mod:`communicator.torch_options`) and wait for it."""
+        self._wait([self._launch(start, *arguments)])
 
     def _records(self, sends: Moves, recvs: Moves) -> None:
         self._wait(self._start(sends, recvs, RECORD_TAG))

@@ -31,6 +31,7 @@ from communicator.handles import Work
 from communicator.launchers import Topology, detect_launcher
 from communicator.nonmember import NonMemberComm
 from communicator.torch_channel import TorchChannel, cut
+from communicator.torch_options import broadcast_options
 
 __all__ = ["GroupScope", "SubgroupComm", "TorchComm"]
 
@@ -59,13 +60,6 @@ def _all_reduce_options(op: dist.ReduceOp.RedOpType) -> dist.AllreduceOptions:
 _NCCL_LACKS = frozenset({"band", "bor", "bxor"})
 _ALL_REDUCE = {name: _all_reduce_options(op) for name, op in _TORCH_OPS.items()}
 _BARRIER = dist.BarrierOptions()
-
-
-@functools.cache
-def _broadcast_options(root: int) -> dist.BroadcastOptions:
-    options = dist.BroadcastOptions()
-    options.rootRank, options.rootTensor = root, 0
-    return options
 
 
 def _started(work: Any) -> Work:
@@ -279,7 +273,7 @@ class TorchComm(Communicator):
 
     @override
     def _broadcast(self, tensor: torch.Tensor, src: int) -> Work:
-        options = _broadcast_options(self._group_rank_of[src])
+        options = broadcast_options(self._group_rank_of[src])
         return self._queued(self._group.broadcast([wire.as_bytes(tensor)], options))
 
     @override

@@ -1,0 +1,32 @@
+"""The options objects of a torch process group's rooted methods (``broadcast``, ``gather``,
+``scatter``), made once per root, for the hot paths that call the group's own methods (see
+:mod:`communicator.torch_comm`)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch.distributed as dist
+
+__all__ = ["broadcast_options", "gather_options", "scatter_options"]
+
+
+@functools.cache
+def broadcast_options(root: int) -> dist.BroadcastOptions:
+    options = dist.BroadcastOptions()
+    options.rootRank, options.rootTensor = root, 0
+    return options
+
+
+@functools.cache
+def gather_options(root: int) -> dist.GatherOptions:
+    options = dist.GatherOptions()
+    options.rootRank = root
+    return options
+
+
+@functools.cache
+def scatter_options(root: int) -> dist.ScatterOptions:
+    options = dist.ScatterOptions()
+    options.rootRank = root
+    return options
