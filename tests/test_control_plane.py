@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from datetime import timedelta
 
@@ -18,7 +19,7 @@ from torch.distributed.distributed_c10d import PrefixStore
 
 from communicator import CollectiveMismatchError, CommError, Communicator, NonMemberComm, RemoteError
 from communicator.control.log import Store
-from communicator.control.waiting import StreamOrdered, at_once, finished
+from communicator.control.waiting import PointToPoint, StreamOrdered, TransferWaiter, at_once, finished
 from communicator.handles import Work
 from communicator.testing import run_ranks
 
@@ -275,3 +276,39 @@ def test_a_gpu_collective_is_never_waited_on_with_a_timeout() -> None:
     ordered = StreamOrdered(work)
     assert at_once(ordered) and finished(ordered, 0.001) and ordered.wait(timedelta(seconds=1))
     assert work.timeouts == [None, None, None] and not ordered.is_completed()
+
+
+class _HeldTransfer:
+    """A started transfer whose wait returns (or raises) once it is let go."""
+
+    def __init__(self, error: RuntimeError | None = None) -> None:
+        self.go, self.error = threading.Event(), error
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self.go.wait()
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def is_completed(self) -> bool:
+        return self.go.is_set()
+
+
+def test_the_transfer_thread_tells_the_caller_when_a_job_is_done() -> None:
+    """A job is not done while a transfer of it waits, is done once all finished (and says so
+    again when asked again, as closing does), and a failing transfer ends it with its error."""
+    waiter = TransferWaiter()
+    try:
+        first, second = _HeldTransfer(), _HeldTransfer()
+        job = waiter.start([PointToPoint(first, 1), PointToPoint(second, 2)], 5.0)
+        assert not job.done(0.05)
+        first.go.set()
+        assert not job.done(0.05)  # the second still waits
+        second.go.set()
+        assert job.done(5.0) and job.done(0.001) and job.error is None
+        failing = _HeldTransfer(RuntimeError("Connection closed by peer"))
+        job = waiter.start([PointToPoint(failing, 1)], 5.0)
+        failing.go.set()
+        assert job.done(5.0) and isinstance(job.error, RuntimeError)
+    finally:
+        waiter.stop()
