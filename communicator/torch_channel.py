@@ -71,11 +71,16 @@ class TorchChannel:
         """Up to ``GATHER_BROADCAST_RANKS`` ranks, rank 0 gathers the records and broadcasts them
         all (two steps whatever the number of ranks, point to point from 3 to
         ``POINT_TO_POINT_RANKS``); beyond, gloo's ring."""
-        world = self.world_size
+        world, size = self.world_size, record.size
         if 1 < world <= GATHER_BROADCAST_RANKS:
-            gathered = self.gather(record, 0)
-            every = np.concatenate(gathered) if gathered is not None else np.empty(record.size * world, np.uint8)
-            return np.split(self.broadcast(every, 0), world)
+            if self._point_to_point and self.rank != 0:  # its record out and every record back: one wait
+                every = np.empty(size * world, np.uint8)
+                self._records([(0, record)], [(0, every)])
+            else:
+                gathered = self.gather(record, 0)
+                every = np.concatenate(gathered) if gathered is not None else np.empty(size * world, np.uint8)
+                every = self.broadcast(every, 0)
+            return [every[r * size : (r + 1) * size] for r in range(world)]
         rows = [torch.empty(record.size, dtype=torch.uint8) for _ in range(world)]
         ordered = [rows[self._group_rank_of.index(g)] for g in range(world)]  # torch's rank order
         # gloo's list form: faster than all_gather_into_tensor for small records

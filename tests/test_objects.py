@@ -456,7 +456,7 @@ def test_one_process_returns_the_very_objects_unpickled() -> None:
 
 def record_steps(comm: Communicator, op: str, point_to_point_ranks: int, gather_broadcast_ranks: int) -> dict[str, int]:
     """How the records of one small object ``op`` travel on this rank, under the given limits:
-    records sent or received point to point, gathers and broadcasts."""
+    records sent or received point to point, gathers, broadcasts, and the waits for them."""
     from communicator import torch_channel
     from communicator.arguments import RECORD_TAG
 
@@ -464,7 +464,7 @@ def record_steps(comm: Communicator, op: str, point_to_point_ranks: int, gather_
     torch_channel.POINT_TO_POINT_RANKS = point_to_point_ranks
     torch_channel.GATHER_BROADCAST_RANKS = gather_broadcast_ranks
     channel = comm._objects().channel
-    counts = {"transfers": 0, "gather": 0, "broadcast": 0}
+    counts = {"transfers": 0, "gather": 0, "broadcast": 0, "waits": 0}
 
     def counted(name: str, call: Callable[..., object]) -> Callable[..., object]:
         def count(*args: object) -> object:
@@ -480,6 +480,7 @@ def record_steps(comm: Communicator, op: str, point_to_point_ranks: int, gather_
         return start(sends, recvs, tag)
 
     channel._start = transfers  # type: ignore[attr-defined]
+    channel._wait = counted("waits", channel._wait)  # type: ignore[attr-defined]
     channel.gather = counted("gather", channel.gather)  # type: ignore[method-assign]
     channel.broadcast = counted("broadcast", channel.broadcast)  # type: ignore[method-assign]
     value, every = {"rank": comm.rank}, [{"rank": r} for r in range(comm.world_size)]
@@ -500,17 +501,17 @@ def record_steps(comm: Communicator, op: str, point_to_point_ranks: int, gather_
 @pytest.mark.world_size(2, 3, 4)
 def test_records_are_all_gathered_in_two_steps(run, world_size: int) -> None:
     """gloo's ring all_gather takes a step per rank: up to GATHER_BROADCAST_RANKS the records go to
-    rank 0 and back in one broadcast, point to point from 3 ranks up to POINT_TO_POINT_RANKS;
-    beyond, the ring is used."""
-    in_collectives = {"transfers": 0, "gather": 1, "broadcast": 1}
+    rank 0 and back in one broadcast, point to point from 3 ranks up to POINT_TO_POINT_RANKS
+    (where the other ranks post both transfers at once and wait once); beyond, the ring is used."""
+    in_collectives = {"transfers": 0, "gather": 1, "broadcast": 1, "waits": 2}
     if world_size == 2:
         expected = [in_collectives] * 2
     else:  # to rank 0 and back, point to point
-        expected = [{"transfers": 2 * (world_size - 1), "gather": 1, "broadcast": 1}]
-        expected += [{"transfers": 2, "gather": 1, "broadcast": 1}] * (world_size - 1)
+        expected = [{"transfers": 2 * (world_size - 1), "gather": 1, "broadcast": 1, "waits": 2}]
+        expected += [{"transfers": 2, "gather": 0, "broadcast": 0, "waits": 1}] * (world_size - 1)
     assert run(record_steps, "all_gather_object", 8, 16) == expected
     assert run(record_steps, "all_gather_object", 1, 16) == [in_collectives] * world_size
-    ring = {"transfers": 0, "gather": 0, "broadcast": 0}
+    ring = {"transfers": 0, "gather": 0, "broadcast": 0, "waits": 1}
     assert run(record_steps, "all_gather_object", 1, 1) == [ring] * world_size
 
 
@@ -522,7 +523,12 @@ def test_records_go_point_to_point_from_three_to_eight_ranks(run, world_size: in
     scatter_object, one to it and the verdict back for gather_object. With 2 ranks, and beyond, in
     gloo's broadcast, scatter or gather."""
     steps = 2 if op == "gather_object" else 1
-    counts = {"transfers": steps, "gather": int(op == "gather_object"), "broadcast": int(op != "scatter_object")}
+    counts = {
+        "transfers": steps,
+        "gather": int(op == "gather_object"),
+        "broadcast": int(op != "scatter_object"),
+        "waits": steps,
+    }
     point_to_point = [counts] * world_size
     point_to_point[1] = {**counts, "transfers": steps * (world_size - 1)}
     in_collectives = [{**counts, "transfers": 0}] * world_size
