@@ -18,6 +18,7 @@ from communicator.arguments import CUT_TAG, RECORD_TAG, TRANSFER_TAG
 from communicator.control.waiting import PointToPoint, finished
 from communicator.handles import Work
 from communicator.objects.frames import Moves, Pending
+from communicator.objects.protocol import Answer, gather_then_broadcast
 from communicator.torch_options import broadcast_options, gather_options, scatter_options
 
 __all__ = ["GATHER_BROADCAST_RANKS", "POINT_TO_POINT_RANKS", "TorchChannel", "cut"]
@@ -73,19 +74,24 @@ class TorchChannel:
         ``POINT_TO_POINT_RANKS``); beyond, gloo's ring."""
         world, size = self.world_size, record.size
         if 1 < world <= GATHER_BROADCAST_RANKS:
-            if self._point_to_point and self.rank != 0:  # its record out and every record back: one wait
-                every = np.empty(size * world, np.uint8)
-                self._records([(0, record)], [(0, every)])
-            else:
-                gathered = self.gather(record, 0)
-                every = np.concatenate(gathered) if gathered is not None else np.empty(size * world, np.uint8)
-                every = self.broadcast(every, 0)
+            every = self.gather_answer(record, 0, np.concatenate, size * world)[1]
             return [every[r * size : (r + 1) * size] for r in range(world)]
         rows = [torch.empty(record.size, dtype=torch.uint8) for _ in range(world)]
         ordered = [rows[self._group_rank_of.index(g)] for g in range(world)]  # torch's rank order
         # gloo's list form: faster than all_gather_into_tensor for small records
         self._wait([self._launch(self._group.allgather, [ordered], [torch.from_numpy(record)])])
         return [row.numpy() for row in rows]
+
+    def gather_answer(
+        self, record: np.ndarray, dst: int, answer: Answer, size: int
+    ) -> tuple[list[np.ndarray] | None, np.ndarray]:
+        """See :func:`~communicator.objects.protocol.gather_answer`. Point to point, a rank other
+        than ``dst`` posts its record and the receive of the answer at once, and waits once."""
+        if self._point_to_point and self.rank != dst:
+            reply = np.empty(size, dtype=np.uint8)
+            self._records([(dst, record)], [(dst, reply)])
+            return None, reply
+        return gather_then_broadcast(self, record, dst, answer, size)
 
     def gather(self, record: np.ndarray, dst: int) -> list[np.ndarray] | None:
         world, me = self.world_size, self.rank

@@ -520,8 +520,8 @@ def test_records_are_all_gathered_in_two_steps(run, world_size: int) -> None:
 def test_records_go_point_to_point_from_three_to_eight_ranks(run, world_size: int, op: str) -> None:
     """A small object's records travel between rank 1 (the root here) and every other rank at once,
     from 3 ranks up to POINT_TO_POINT_RANKS: one transfer from the root for broadcast_object and
-    scatter_object, one to it and the verdict back for gather_object. With 2 ranks, and beyond, in
-    gloo's broadcast, scatter or gather."""
+    scatter_object, one to it and the verdict back for gather_object (posted together on the other
+    ranks, and waited on once). With 2 ranks, and beyond, in gloo's broadcast, scatter or gather."""
     steps = 2 if op == "gather_object" else 1
     counts = {
         "transfers": steps,
@@ -529,7 +529,7 @@ def test_records_go_point_to_point_from_three_to_eight_ranks(run, world_size: in
         "broadcast": int(op != "scatter_object"),
         "waits": steps,
     }
-    point_to_point = [counts] * world_size
+    point_to_point = [{**counts, "gather": 0, "broadcast": 0, "waits": 1} if steps == 2 else counts] * world_size
     point_to_point[1] = {**counts, "transfers": steps * (world_size - 1)}
     in_collectives = [{**counts, "transfers": 0}] * world_size
     assert run(record_steps, op, 8, 16) == (in_collectives if world_size == 2 else point_to_point)

@@ -27,7 +27,7 @@ import gc
 import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import torch
@@ -54,6 +54,7 @@ __all__ = [
     "DEFAULT_BUFFER_BYTES",
     "EMPTY",
     "RECORD_BYTES",
+    "Answering",
     "Channel",
     "Port",
     "PrimitiveChannel",
@@ -63,6 +64,8 @@ __all__ = [
     "check_scatter_list",
     "empty_record",
     "failure_record",
+    "gather_answer",
+    "gather_then_broadcast",
 ]
 
 T = TypeVar("T")
@@ -111,6 +114,38 @@ class Channel(Protocol):
     def post(self, sends: Moves, recvs: Moves) -> Pending:
         """Start the sends and receives of ``(peer, array)`` pairs; the returned function finishes them."""
         ...
+
+
+Answer = Callable[[list[np.ndarray]], np.ndarray]
+
+
+@runtime_checkable
+class Answering(Protocol):
+    """A :class:`Channel` that runs :func:`gather_answer` a way of its own (optional)."""
+
+    def gather_answer(
+        self, record: np.ndarray, dst: int, answer: Answer, size: int
+    ) -> tuple[list[np.ndarray] | None, np.ndarray]: ...
+
+
+def gather_answer(
+    channel: Channel, record: np.ndarray, dst: int, answer: Answer, size: int
+) -> tuple[list[np.ndarray] | None, np.ndarray]:
+    """Every rank's record to ``dst``, and what ``answer`` makes of them there (``size`` bytes) back
+    to every rank: (the records on ``dst``, else ``None``; the answer). The channel's own way where
+    it has one (:class:`Answering`), else :func:`gather_then_broadcast`."""
+    if isinstance(channel, Answering):
+        return channel.gather_answer(record, dst, answer, size)
+    return gather_then_broadcast(channel, record, dst, answer, size)
+
+
+def gather_then_broadcast(
+    channel: Channel, record: np.ndarray, dst: int, answer: Answer, size: int
+) -> tuple[list[np.ndarray] | None, np.ndarray]:
+    """:func:`gather_answer` as the channel's gather, then its broadcast of the answer."""
+    rows = channel.gather(record, dst)
+    reply = answer(rows) if rows is not None else np.empty(size, dtype=np.uint8)
+    return rows, channel.broadcast(reply, dst)
 
 
 Work = Any
@@ -341,32 +376,25 @@ class Port:
     def gather_object(self, obj: T, dst: int) -> list[T] | None:
         where, channel = "gather_object", self.channel
         frame, record, error = self.encode(obj, where)
-        rows = channel.gather(record, dst)
-        # Only dst saw every record: it passes the first failure on, so that every rank raises.
-        records = [Record(row) for row in rows] if rows is not None else []
         mine = Record(record)
         # A frame of one chunk goes before the verdict, overlapping it; it is received (and waited
         # for on both sides) whatever the verdict, so no transfer is ever left behind.
-        frames = _large_frames(records, dst)
-        early = [(r, data) for r, data in frames.items() if data.size <= records[r].chunk]
-        if channel.rank == dst:
-            done = channel.post([], early) if early else None
-        else:
-            single = mine.is_large and mine.length <= mine.chunk
-            done = channel.post([(dst, next(frame.chunks()))], []) if single else None
-        failures = [f for rec in records if (f := rec.failure()) is not None]
-        verdict = failure_record(failures[0]) if failures else empty_record()
-        received = Record(channel.broadcast(verdict, dst)).failure()
-        if done is not None:
-            done()
+        single = channel.rank != dst and mine.is_large and mine.length <= mine.chunk
+        sent = channel.post([(dst, next(frame.chunks()))], []) if single else None
+        arrivals = _Arrivals(channel, dst)
+        received = Record(gather_answer(channel, record, dst, arrivals.verdict, RECORD_BYTES)[1]).failure()
+        for done in (sent, arrivals.early):
+            if done is not None:
+                done()
         if error is not None:
             raise error
         if received is not None:
             raise RemoteError([received], context=where)
         if channel.rank != dst:
-            if mine.is_large and done is None:
+            if mine.is_large and not single:
                 stream(channel, [((dst,), frame.chunks())], [])
             return None
+        records, frames = arrivals.records, arrivals.frames
         rest = [(r, records[r].incoming(data)) for r, data in frames.items() if data.size > records[r].chunk]
         stream(channel, [], rest)
         return self.decode_all(records, frames, own=obj)
@@ -418,6 +446,26 @@ class Port:
 
 
 _NOTHING = Outgoing([memoryview(b"")], 64)
+
+
+class _Arrivals:
+    """What gather_object's ``dst`` makes of the records: their frames, the receives of one-chunk
+    frames posted at once (they overlap the verdict), and the verdict, which passes the first
+    failure on so that every rank raises (only ``dst`` saw every record)."""
+
+    def __init__(self, channel: Channel, dst: int) -> None:
+        self.channel, self.dst = channel, dst
+        self.records: list[Record] = []
+        self.frames: dict[int, np.ndarray] = {}
+        self.early: Pending | None = None
+
+    def verdict(self, rows: list[np.ndarray]) -> np.ndarray:
+        records = self.records = [Record(row) for row in rows]
+        frames = self.frames = _large_frames(records, self.dst)
+        early = [(r, data) for r, data in frames.items() if data.size <= records[r].chunk]
+        self.early = self.channel.post([], early) if early else None
+        failures = [f for rec in records if (f := rec.failure()) is not None]
+        return failure_record(failures[0]) if failures else empty_record()
 
 
 def _large_frames(records: Sequence[Record], skip: int) -> dict[int, np.ndarray]:
