@@ -86,7 +86,8 @@ EMPTY, INLINE, LARGE, FAILED = 0, 1, 2, 3
 
 
 class Channel(Protocol):
-    """How object bytes travel between the ranks of one communicator (ranks are local to it)."""
+    """How object bytes travel between the ranks of one communicator (ranks are local to it). A
+    channel may also be :class:`Answering`."""
 
     rank: int
     world_size: int
