@@ -6,11 +6,14 @@ from doc_snippets import README, ROOT, snippets
 
 # Each command makes a new venv in a directory of its own, so that commands run at once in one
 # clone (the same one twice included) never empty or rebuild the venv another runs from.
+# The venv's python is named outright: a python that comes first on PATH otherwise (pyenv's, with no
+# torch) ran the demo once. Activation still puts the venv's tools (torchrun) on PATH for the tests.
 VENV = 'venv=$(mktemp -d) && python3 -m venv "$venv" && . "$venv/bin/activate" && '
-DEMO = VENV + "python -m pip install torch==2.13.0 && python -m pip install -e . && python -m communicator demo"
+PYTHON = '"$venv/bin/python"'
+DEMO = VENV + f"{PYTHON} -m pip install torch==2.13.0 && {PYTHON} -m pip install -e . && {PYTHON} -m communicator demo"
 TESTS = VENV + (
-    'python -m pip install torch==2.13.0 && python -m pip install -e ".[test,docs,bench]" '
-    "&& python -m pytest -n 3 --dist loadgroup"
+    f'{PYTHON} -m pip install torch==2.13.0 && {PYTHON} -m pip install -e ".[test,docs,bench]" '
+    f"&& {PYTHON} -m pytest -n 3 --dist loadgroup"
 )
 FIRST_SCREEN = 40  # lines
 
