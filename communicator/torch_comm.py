@@ -8,7 +8,6 @@ import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -60,11 +59,6 @@ def _all_reduce_options(op: dist.ReduceOp.RedOpType) -> dist.AllreduceOptions:
 _NCCL_LACKS = frozenset({"band", "bor", "bxor"})
 _ALL_REDUCE = {name: _all_reduce_options(op) for name, op in _TORCH_OPS.items()}
 _BARRIER = dist.BarrierOptions()
-
-
-def _started(work: Any) -> Work:
-    """A torch work object (typed ``Any`` by torch) as the ``Work`` it is."""
-    return work  # type: ignore[no-any-return]
 
 
 @dataclasses.dataclass
@@ -240,7 +234,8 @@ class TorchComm(Communicator):
 
     @override
     def _barrier(self) -> Work:
-        return _started(self._scope.companion.barrier(_BARRIER))
+        work: Work = self._scope.companion.barrier(_BARRIER)  # on the gloo companion: never stream-ordered
+        return work
 
     @override
     def _all_reduce(self, tensor: torch.Tensor, op: str) -> Work:
