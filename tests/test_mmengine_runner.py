@@ -20,6 +20,10 @@ from communicator.testing import run_ranks
 
 pytest.importorskip("mmengine")
 
+# The jobs are CPU-only (gloo). mmengine's logger picks a GPU per local rank when CUDA is usable and
+# fails with an IndexError on a machine with fewer GPUs than ranks: the GPUs are hidden from them.
+NO_GPUS = {"CUDA_VISIBLE_DEVICES": ""}
+
 
 def train_with_synced_buffers(comm: Communicator, work_dir: str) -> dict[str, Any]:
     return train(work_dir, comm.rank)
@@ -106,7 +110,8 @@ def check_ranks(ranks: list[dict[str, Any]]) -> None:
 
 @pytest.mark.timeout(300)
 def test_runner_with_sync_buffers_hook_trains_through_communicator_dist(tmp_path: Path) -> None:
-    check_ranks(run_ranks(train_with_synced_buffers, 2, str(tmp_path), cfg={"backend": "gloo"}, timeout=240))
+    ranks = run_ranks(train_with_synced_buffers, 2, str(tmp_path), cfg={"backend": "gloo"}, timeout=240, env=NO_GPUS)
+    check_ranks(ranks)
 
 
 @pytest.mark.timeout(300)
@@ -114,6 +119,7 @@ def test_runner_under_torchrun(tmp_path: Path) -> None:
     # torchrun starts the ranks; mmengine's Runner initialises the group (init_dist, ours).
     script = Path(__file__).parent / "launcher_scripts" / "mmengine_job.py"
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_"))}
+    environ.update(NO_GPUS)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1"]
     command += [f"--master-port={free_port()}", str(script), str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=environ, cwd=tmp_path)
