@@ -1,12 +1,14 @@
 """The object channel of a :class:`~communicator.torch_comm.TorchComm`: fixed-size records (point
-to point from 3 to ``POINT_TO_POINT_RANKS`` ranks, else in gloo collectives), exact-size frames
-point to point (see :mod:`communicator.objects.protocol`), and the cut that ends a transfer's
-wait when a communicator closes."""
+to point from 3 to ``POINT_TO_POINT_RANKS`` ranks, and at 2 where every rank has CPUs to spare,
+else in gloo collectives), exact-size frames point to point (see
+:mod:`communicator.objects.protocol`), and the cut that ends a transfer's wait when a communicator
+closes."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,15 +23,19 @@ from communicator.objects.frames import Moves, Pending
 from communicator.objects.protocol import Answer, gather_then_broadcast
 from communicator.torch_options import broadcast_options, gather_options, scatter_options
 
-__all__ = ["GATHER_BROADCAST_RANKS", "POINT_TO_POINT_RANKS", "TorchChannel", "cut"]
+__all__ = ["GATHER_BROADCAST_RANKS", "POINT_TO_POINT_CPUS", "POINT_TO_POINT_RANKS", "TorchChannel", "cut"]
 
 # From 3 up to this many ranks, records from one rank to the others (broadcast, scatter) or from
 # the others to one rank (gather) go point to point, every transfer at once: at 4 ranks on 2
 # cores, 0.40 ms a small broadcast_object where gloo's broadcast took 1.02 ms, 0.88 ms a small
-# gather_object against 1.34. At 2 ranks gloo's collectives were faster (a small broadcast_object
-# 0.26 ms against 0.29): a transfer's wait costs a thread hand-off (see
-# communicator.control.waiting). Beyond, a rank would post a transfer per rank.
+# gather_object against 1.34. Beyond, a rank would post a transfer per rank.
 POINT_TO_POINT_RANKS = 8
+# At 2 ranks, records go point to point where every rank has this many CPUs or more per rank of
+# its host, else in gloo's collectives: a transfer's wait costs a thread hand-off (see
+# communicator.control.waiting), which needs a CPU to wake on. 2 ranks on 16 cores, interleaved:
+# point to point took 0.55x to 0.88x the time of a small gather, broadcast or all_gather_object,
+# 0.76x to 0.86x with 2 CPUs per rank (taskset), and 0.68x to 1.28x with one (as on 2 cores).
+POINT_TO_POINT_CPUS = 2.0
 # Up to this many ranks, records are all-gathered by a gather and a broadcast: gloo's ring
 # all_gather takes a step per rank (at 4 ranks on 2 cores, 3.1 ms where the two steps took 1.1 ms;
 # at 2 ranks, a small all_gather_object 0.45 to 0.47 ms against 0.51 to 0.58 in its one step);
@@ -57,21 +63,33 @@ class TorchChannel:
         group_rank_of: list[int],
         launch: Callable[..., Work],
         wait: Callable[[Sequence[Work]], None],
+        local_size: int = 1,
     ) -> None:
         """``launch(start, *args)`` starts a transfer or collective (explaining a start that fails,
-        as a peer that closed makes it), ``wait(works)`` finishes them."""
+        as a peer that closed makes it), ``wait(works)`` finishes them; ``local_size``: the ranks
+        of the job on this rank's host. Made by every rank of the group at once (its first object
+        operation): at 2 ranks they agree there how records travel."""
         self.rank, self.world_size = rank, len(group_rank_of)
         self._group, self._group_rank_of, self._launch, self._wait = group, group_rank_of, launch, wait
+        world = self.world_size
+        # Whether records go point to point (see POINT_TO_POINT_RANKS and POINT_TO_POINT_CPUS)
+        self._point_to_point = 2 < world <= POINT_TO_POINT_RANKS or (world == 2 and self._cpus_to_spare(local_size))
 
-    @property
-    def _point_to_point(self) -> bool:
-        """Whether records go point to point (see ``POINT_TO_POINT_RANKS``)."""
-        return 2 < self.world_size <= POINT_TO_POINT_RANKS
+    def _cpus_to_spare(self, local_size: int) -> bool:
+        """Whether both of 2 ranks have ``POINT_TO_POINT_CPUS`` per rank of their host. Each tells
+        the other what its host offers, so that both decide alike whatever their hosts, on the
+        records' own tag, so that this exchange never pairs with a collective of the user's."""
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        mine = np.array([cpus / max(local_size, 1) >= POINT_TO_POINT_CPUS], dtype=np.uint8)
+        theirs = np.zeros(1, dtype=np.uint8)
+        peer = 1 - self.rank
+        self._records([(peer, mine)], [(peer, theirs)])
+        return bool(mine[0] and theirs[0])
 
     def all_gather(self, record: np.ndarray) -> list[np.ndarray]:
         """Up to ``GATHER_BROADCAST_RANKS`` ranks, rank 0 gathers the records and broadcasts them
-        all (two steps whatever the number of ranks, point to point from 3 to
-        ``POINT_TO_POINT_RANKS``); beyond, gloo's ring."""
+        all (two steps whatever the number of ranks, point to point where records go so);
+        beyond, gloo's ring."""
         world, size = self.world_size, record.size
         if 1 < world <= GATHER_BROADCAST_RANKS:
             every = self.gather_answer(record, 0, np.concatenate, size * world)[1]

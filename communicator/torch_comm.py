@@ -299,7 +299,8 @@ class TorchComm(Communicator):
 
     @override
     def _object_channel(self) -> TorchChannel:
-        return TorchChannel(self._rank, self._scope.companion, self._group_rank_of, self._launch, self._await)
+        companion, local_size = self._scope.companion, self._scope.topology.local_size
+        return TorchChannel(self._rank, companion, self._group_rank_of, self._launch, self._await, local_size)
 
     def _controlled(self) -> Control:
         """The control plane (every TorchComm has one, over the rendezvous store)."""

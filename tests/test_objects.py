@@ -454,15 +454,26 @@ def test_one_process_returns_the_very_objects_unpickled() -> None:
     run_single(identity)
 
 
-def record_steps(comm: Communicator, op: str, point_to_point_ranks: int, gather_broadcast_ranks: int) -> dict[str, int]:
-    """How the records of one small object ``op`` travel on this rank, under the given limits:
-    records sent or received point to point, gathers, broadcasts, and the waits for them."""
+NEVER = float("inf")  # CPUs per rank no host has: 2 ranks keep gloo's collectives
+
+
+def record_steps(
+    comm: Communicator, op: str, point_to_point_ranks: int, gather_broadcast_ranks: int, cpus: float = NEVER
+) -> dict[str, int]:
+    """How the records of one small object ``op`` travel on this rank, under the given limits (``cpus``:
+    the CPUs per rank from which 2 ranks go point to point): records sent or received point to point,
+    gathers, broadcasts, and the waits for them."""
     from communicator import torch_channel
     from communicator.arguments import RECORD_TAG
 
-    limits = torch_channel.POINT_TO_POINT_RANKS, torch_channel.GATHER_BROADCAST_RANKS
-    torch_channel.POINT_TO_POINT_RANKS = point_to_point_ranks
-    torch_channel.GATHER_BROADCAST_RANKS = gather_broadcast_ranks
+    limits = {
+        "POINT_TO_POINT_RANKS": point_to_point_ranks,
+        "GATHER_BROADCAST_RANKS": gather_broadcast_ranks,
+        "POINT_TO_POINT_CPUS": cpus,
+    }
+    saved = {name: getattr(torch_channel, name) for name in limits}
+    for name, value in limits.items():
+        setattr(torch_channel, name, value)
     channel = comm._objects().channel
     counts = {"transfers": 0, "gather": 0, "broadcast": 0, "waits": 0}
 
@@ -494,8 +505,31 @@ def record_steps(comm: Communicator, op: str, point_to_point_ranks: int, gather_
         else:
             assert comm.scatter_object(every if comm.rank == 1 else None, src=1) == value
     finally:
-        torch_channel.POINT_TO_POINT_RANKS, torch_channel.GATHER_BROADCAST_RANKS = limits
+        for name, value in saved.items():
+            setattr(torch_channel, name, value)
     return counts
+
+
+def records_travel(comm: Communicator, cpus_of_rank: list[float]) -> tuple[bool, tuple[object, ...]]:
+    from communicator import torch_channel
+
+    torch_channel.POINT_TO_POINT_CPUS = cpus_of_rank[comm.rank]  # what this rank's host offers, in effect
+    every = comm.all_gather_object({"rank": comm.rank})
+    gathered = comm.gather_object(comm.rank, dst=1)
+    sent = comm.broadcast_object("from 1" if comm.rank == 1 else None, src=1)
+    return comm._objects().channel._point_to_point, (every, gathered, sent)  # type: ignore[attr-defined]
+
+
+@pytest.mark.world_size(2)
+def test_two_ranks_agree_how_records_travel(run) -> None:
+    """Each of 2 ranks judges the CPUs its own host has per rank and tells the other; both go point
+    to point only when both offer it, so a rank with CPUs to spare and one without both keep gloo's
+    collectives (deciding apart, one would wait in a transfer the other never posts)."""
+    every = [{"rank": 0}, {"rank": 1}]
+    for cpus, point_to_point in (([0.0, 0.0], True), ([0.0, NEVER], False), ([NEVER, 0.0], False)):
+        results = run(records_travel, cpus)
+        assert [travel for travel, _ in results] == [point_to_point] * 2
+        assert [got for _, got in results] == [(every, None, "from 1"), (every, [0, 1], "from 1")]
 
 
 @pytest.mark.world_size(2, 3, 4)
@@ -504,12 +538,12 @@ def test_records_are_all_gathered_in_two_steps(run, world_size: int) -> None:
     rank 0 and back in one broadcast, point to point from 3 ranks up to POINT_TO_POINT_RANKS
     (where the other ranks post both transfers at once and wait once); beyond, the ring is used."""
     in_collectives = {"transfers": 0, "gather": 1, "broadcast": 1, "waits": 2}
-    if world_size == 2:
-        expected = [in_collectives] * 2
-    else:  # to rank 0 and back, point to point
-        expected = [{"transfers": 2 * (world_size - 1), "gather": 1, "broadcast": 1, "waits": 2}]
-        expected += [{"transfers": 2, "gather": 0, "broadcast": 0, "waits": 1}] * (world_size - 1)
+    # to rank 0 and back, point to point
+    point_to_point = [{"transfers": 2 * (world_size - 1), "gather": 1, "broadcast": 1, "waits": 2}]
+    point_to_point += [{"transfers": 2, "gather": 0, "broadcast": 0, "waits": 1}] * (world_size - 1)
+    expected = [in_collectives] * 2 if world_size == 2 else point_to_point
     assert run(record_steps, "all_gather_object", 8, 16) == expected
+    assert run(record_steps, "all_gather_object", 8, 16, 0.0) == point_to_point  # 2 ranks with CPUs to spare
     assert run(record_steps, "all_gather_object", 1, 16) == [in_collectives] * world_size
     ring = {"transfers": 0, "gather": 0, "broadcast": 0, "waits": 1}
     assert run(record_steps, "all_gather_object", 1, 1) == [ring] * world_size
@@ -521,7 +555,8 @@ def test_records_go_point_to_point_from_three_to_eight_ranks(run, world_size: in
     """A small object's records travel between rank 1 (the root here) and every other rank at once,
     from 3 ranks up to POINT_TO_POINT_RANKS: one transfer from the root for broadcast_object and
     scatter_object, one to it and the verdict back for gather_object (posted together on the other
-    ranks, and waited on once). With 2 ranks, and beyond, in gloo's broadcast, scatter or gather."""
+    ranks, and waited on once). With 2 ranks, so too where both have CPUs to spare; else, and beyond,
+    in gloo's broadcast, scatter or gather."""
     steps = 2 if op == "gather_object" else 1
     counts = {
         "transfers": steps,
@@ -533,4 +568,5 @@ def test_records_go_point_to_point_from_three_to_eight_ranks(run, world_size: in
     point_to_point[1] = {**counts, "transfers": steps * (world_size - 1)}
     in_collectives = [{**counts, "transfers": 0}] * world_size
     assert run(record_steps, op, 8, 16) == (in_collectives if world_size == 2 else point_to_point)
+    assert run(record_steps, op, 8, 16, 0.0) == point_to_point  # 2 ranks with CPUs to spare
     assert run(record_steps, op, world_size - 1, 16) == in_collectives
