@@ -408,11 +408,23 @@ class Communicator(
         else:
             self._await([self._barrier()], timeout)
 
-    def _announce_bad_arguments(self, error: BaseException, what: str) -> None:
-        """Tell the other ranks that this rank refused its arguments (peers may already be waiting)."""
+    def _announce_bad_arguments(self, error: BaseException, what: str, collective: bool) -> None:
+        """Tell the other ranks that this rank refused its arguments (peers may already be waiting);
+        after a collective, this rank's next operation first settles what the others did."""
         control = self._plane()
         if control is not None:
-            control.bad_arguments(error, what)
+            control.bad_arguments(error, what, collective)
+            self._calls.unsettled = collective
+
+    def _settle(self) -> None:
+        """Go on only if every rank refused the collective this rank refused (see ``Control.settle``)."""
+        self._calls.unsettled = False
+        control = self._plane()
+        if control is not None:
+            try:
+                control.settle()
+            finally:
+                self._heed(control)
 
     def _announce_failure(self, error: BaseException, where: str) -> None:
         """Tell the other ranks that this rank failed for good (the communicator is then unusable)."""

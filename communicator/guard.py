@@ -10,7 +10,8 @@ cannot lose it. For each outermost call the guard
 - numbers collectives (``seq``; point-to-point operations take two ranks, so they do not count);
 - in debug mode, compares a fingerprint of the call across ranks before any data moves;
 - tells the peers when this rank refuses its arguments before communicating, so that ranks
-  already waiting in the operation are released;
+  already waiting in the operation are released, and after it refused a collective, settles
+  what the others did before this rank communicates again (``Communicator._settle``);
 - records the call as an :class:`~communicator.observe.events.Event` in the flight recorder, and hands
   it to the statistics, the hooks and torch's profiler when they are on (each costs one check
   when it is off);
@@ -118,7 +119,7 @@ class CallState:
     observers: ClassVar[int] = 0  # hooks and statistics being gathered, in the whole process
     hooks_running: ClassVar[int] = 0  # hook lists running now, in the whole process
     __slots__ = ("agreed", "busy", "group", "home", "hooking", "hooks", "launched", "op", "ranges", "recorder",
-                 "refusal", "running", "seq", "sinks", "thread", "up")  # fmt: skip
+                 "refusal", "running", "seq", "sinks", "thread", "unsettled", "up")  # fmt: skip
 
     def __init__(self, events: int = 256) -> None:
         self.busy = threading.Lock()  # held while an operation runs
@@ -127,6 +128,7 @@ class CallState:
         self.seq = 0  # collectives entered so far: the same on every rank of a correct program
         self.launched = False  # whether the running operation has started communicating
         self.refusal: Callable[[str], CommError] | None = None  # why operations are refused, when they are
+        self.unsettled = False  # this rank refused its arguments to a collective the others may have started
         self.running: list[Any] | None = None  # the running operation's record (see communicator.observe.events)
         self.recorder = FlightRecorder(maxlen=events)
         self.group = "world"  # the communicator's name in events: "world", or its world ranks
@@ -265,6 +267,8 @@ def guarded(method: F, spec: Spec) -> F:
                 calls.seq += 1
             record = calls.start(spec, self, args, kwargs)  # after the refusal: rank and size are known
             try:
+                if calls.unsettled:  # before communicating again (see Communicator._settle)
+                    self._settle()
                 if self.config.debug and not spec.p2p:
                     arguments = describe_arguments(spec.signature, self, args, kwargs, spec.match)
                     self._compare_fingerprints(name, arguments, Event(record).site)
@@ -284,7 +288,7 @@ def guarded(method: F, spec: Spec) -> F:
             return result
         except (TypeError, ValueError) as error:
             if not calls.launched:  # peers may already wait in this operation: release them
-                self._announce_bad_arguments(error, name)
+                self._announce_bad_arguments(error, name, not spec.p2p)
             raise
         finally:
             calls.thread = 0

@@ -34,6 +34,10 @@ def test_requests_grow_linearly_and_stay_flat_per_rank(counts, scenario: str) ->
 def test_news_costs_a_few_requests_per_rank(counts) -> None:
     for scenario in ("failure", "mismatch", "lost peer", "closing"):
         assert counts[1024][scenario].per_rank <= 5  # one post, then one look and one read per rank
+    # a refusal: its post and count, then each other rank's look, read and count of its leaving,
+    # and the refusing ranks' two counters; refused everywhere, each rank posts, counts and reads
+    for scenario in ("refusal", "refused everywhere"):
+        assert counts[1024][scenario].per_rank <= 5
     # where it runs (two), its first status, the world's name, and its host's first look shared
     assert counts[1024]["startup"].per_rank <= 6
     # a long wait looks about once a second, whatever the size of the job

@@ -8,6 +8,7 @@ import pathlib
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -79,6 +80,75 @@ def test_bad_argument_on_one_rank_releases_the_others(world_size: int) -> None:
     for outcome, seconds, message in results[:-1]:
         assert outcome == "RemoteError" and f"rank {world_size - 1} raised ValueError" in message
         assert seconds < RELEASE_SECONDS
+
+
+def _steps(*calls: Callable[[], object]) -> list[tuple[str, str]]:
+    """What each call gave on this rank: ``("ok", repr(value))`` or ``(error type, message)``."""
+    outcomes = []
+    for call in calls:
+        try:
+            outcomes.append(("ok", repr(call())))
+        except (CommError, TypeError, ValueError) as error:
+            outcomes.append((_outcome(error), str(error)))
+    return outcomes
+
+
+def refuse_then_go_on(comm: Communicator, kind: str) -> list[tuple[str, str]]:
+    refuses = comm.rank == comm.world_size - 1
+    if kind == "tensor":  # the next all_reduce has this one's shape: the two would pair
+        refused = lambda: comm.all_reduce(torch.full((2,), 10.0), op="median" if refuses else "sum")  # noqa: E731
+    else:
+        refused = lambda: comm.gather_object(comm.rank, dst=comm.world_size if refuses else 0)  # noqa: E731
+    later = lambda: comm.all_reduce(torch.full((2,), float(comm.rank + 1))).tolist()  # noqa: E731
+    return _steps(refused, later, lambda: comm.all_gather_object(comm.rank))
+
+
+@pytest.mark.parametrize("kind", ["tensor", "object"])
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_rank_that_refused_its_arguments_never_meets_the_others_later(world_size: int, kind: str) -> None:
+    # The others started the collective the last rank refused; had that rank gone on to the next
+    # one, its data would have completed theirs (the sum of another operation's values, silently).
+    # It waits to see what they did instead, and every communicator ends unusable, saying why.
+    *others, refuser = run_ranks(refuse_then_go_on, world_size, kind, timeout=60)
+    assert [error for error, _ in refuser] == ["ValueError", "CommError", "CommError"], refuser
+    assert "started operation #1 (or a later one) without the ranks that refused" in refuser[1][1]
+    for outcomes in others:
+        assert outcomes[0][0] == "RemoteError" and f"rank {world_size - 1} raised ValueError" in outcomes[0][1]
+        assert [error for error, _ in outcomes[1:]] == ["CommError", "CommError"], outcomes
+        assert all("unusable" in message for _, message in outcomes[1:])
+
+
+def refuse_everywhere_then_go_on(comm: Communicator) -> list[tuple[str, str]]:
+    return _steps(
+        lambda: comm.all_reduce(torch.ones(2), op="median"),
+        lambda: comm.gather_object(comm.rank, dst=comm.world_size),
+        lambda: comm.all_reduce(torch.full((2,), float(comm.rank + 1))).tolist(),
+        lambda: comm.all_gather_object(comm.rank),
+    )
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_that_all_refused_their_arguments_go_on(world_size: int) -> None:
+    total = float(sum(range(1, world_size + 1)))
+    for outcomes in run_ranks(refuse_everywhere_then_go_on, world_size, timeout=60):
+        assert [error for error, _ in outcomes[:2]] == ["ValueError", "ValueError"]
+        assert outcomes[2:] == [("ok", repr([total, total])), ("ok", repr(list(range(world_size))))]
+
+
+def sent_past_a_refusal(comm: Communicator) -> list[tuple[str, str]]:
+    # From 3 ranks records go point to point: the root's reaches rank 2 whatever rank 1 does.
+    sent = lambda: comm.broadcast_object("from 0", src=5 if comm.rank == 1 else 0)  # noqa: E731
+    return _steps(sent, lambda: comm.all_reduce(torch.ones(2)).tolist())
+
+
+def test_a_rank_that_got_through_a_refused_collective_leaves_the_next_one() -> None:
+    root, refuser, receiver = run_ranks(sent_past_a_refusal, 3, timeout=60)
+    assert [error for error, _ in refuser] == ["ValueError", "CommError"], refuser
+    assert root[0][0] == "RemoteError" and root[1][0] == "CommError", root
+    if receiver[0] == ("ok", repr("from 0")):  # the object was right; the next operation is not run
+        assert receiver[1][0] == "RemoteError" and "ran on this rank without the ranks that refused" in receiver[1][1]
+    else:
+        assert receiver[0][0] == "RemoteError" and receiver[1][0] == "CommError", receiver
 
 
 def killed_mid_collective(comm: Communicator) -> tuple[str, float]:

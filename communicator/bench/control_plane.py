@@ -37,7 +37,17 @@ SIZES = (64, 1024, 10_000)
 PER_HOST = 8
 #: How long the simulated waits last.
 WAIT_SECONDS = 10.0
-SCENARIOS = ("startup", "idle wait", "failure", "mismatch", "stall", "lost peer", "closing")
+SCENARIOS = (
+    "startup",
+    "idle wait",
+    "failure",
+    "mismatch",
+    "stall",
+    "lost peer",
+    "refusal",
+    "refused everywhere",
+    "closing",
+)
 #: Scenarios that spread news from one rank to every other.
 NEWS = ("failure", "mismatch", "lost peer")
 
@@ -165,6 +175,27 @@ def _wait(controls: Sequence[Control], seconds: float, clock: Clock) -> bool:
     return all(stall.verdict is not None for stall in stalls)
 
 
+def _refuse(refusing: Sequence[Control], controls: Sequence[Control], clock: Clock) -> bool:
+    """Collective #1 refused by ``refusing``, started by the others: each of those finds out at its
+    next look and says it left; then each refusing rank settles, going on only if every rank
+    refused. Whether each did what it should."""
+    for control in controls:
+        control._calls.seq = 1
+    for control in refusing:
+        control.bad_arguments(ValueError("unknown reduce op"), "all_reduce", collective=True)
+    clock.now += news_delay()
+    others = [c for c in controls if c not in refusing]
+    knew = _spread([refusing[0], *others], lambda: None, RemoteError, clock)
+    clock.now += news_delay()
+    for control in refusing:
+        try:
+            control.settle()
+            knew = knew and not others
+        except CommError:
+            knew = knew and bool(others)
+    return knew
+
+
 def _spread(controls: Sequence[Control], post: Callable[[], None], error: type[CommError], clock: Clock) -> bool:
     """``post`` on one rank, then every other rank's next look, once the hosts' relays are due to
     read the store again; whether each raised ``error``."""
@@ -222,6 +253,8 @@ def _play(scenario: str, controls: Sequence[Control], counting: CountingStore, c
     elif scenario == "lost peer":
         lost = lambda: first.board.post_lost(0, n - 1, "its process has exited")  # noqa: E731 - as the judge posts it
         knew = _spread(controls[:-1], lost, PeerLostError, clock)
+    elif scenario in ("refusal", "refused everywhere"):
+        knew = _refuse(controls if scenario == "refused everywhere" else controls[:1], controls, clock)
     else:  # closing: every rank leaves
         for control in controls:
             control.close(None)

@@ -72,6 +72,8 @@ class FailureBoard:
         self._failures: dict[int, RemoteFailure] = {}  # local rank -> its first failure for good
         self._above: list[RemoteFailure] = []  # failures for good posted on the boards above
         self._inputs: dict[int, dict[int, RemoteFailure]] = {}  # seq -> local rank -> refusal
+        self._refusals: dict[int, set[int]] = {}  # seq -> local ranks that refused that collective
+        self._left = False  # whether this rank left an operation because of a refusal
         self._closed: dict[int, tuple[int, str]] = {}  # local rank -> (collectives completed, last)
         self._lost: dict[int, str] = {}  # local rank -> why its process is gone
         self._mismatch: CollectiveMismatchError | None = None
@@ -123,9 +125,23 @@ class FailureBoard:
         if failure.error_type not in ECHOES:
             self._post("fail", failure.rank, failure=failure.to_json().decode())
 
-    def post_input(self, seq: int, failure: RemoteFailure) -> None:
-        """Announce that ``failure.rank`` refused its arguments to operation number ``seq``."""
-        self._post("input", failure.rank, seq=seq, failure=failure.to_json().decode())
+    def post_input(self, seq: int, failure: RemoteFailure, collective: bool) -> None:
+        """Announce that ``failure.rank`` refused its arguments to operation number ``seq`` (the
+        collective of that number, or a point-to-point operation after it)."""
+        self._post("input", failure.rank, seq=seq, collective=collective, failure=failure.to_json().decode())
+        if collective:  # known here at once: the log may show the others' before this rank's own
+            self._refusals.setdefault(seq, set()).add(failure.rank)
+            with contextlib.suppress(Exception):  # reporting the refusal matters more
+                self._store.add(f"{self.name}refused{seq}", 1)
+
+    def _leave(self, rank: int) -> None:
+        """Count (once) that ``rank`` left an operation unfinished because of a refusal: the ranks
+        that refused one wait to see whether any did before they communicate again."""
+        if not self._left:
+            self._left = True
+            with contextlib.suppress(Exception):
+                self._store.append(f"{self.name}left/who", f"{rank},")
+                self._store.add(f"{self.name}left", 1)
 
     def post_mismatch(self, rank: int, error: CollectiveMismatchError) -> None:
         """Announce a mismatch, so that every member raises the same error."""
@@ -198,6 +214,8 @@ class FailureBoard:
                 self._above.append(failure)
         elif kind == "input":
             self._inputs.setdefault(int(record["seq"]), {}).setdefault(rank, RemoteFailure.from_json(record["failure"]))
+            if record.get("collective"):
+                self._refusals.setdefault(int(record["seq"]), set()).add(rank)
         elif kind == "mismatch" and self._mismatch is None:
             sides = {r: str(side) for side, ranks in record["sides"].items() for r in Spans(ranks)}
             self._mismatch = CollectiveMismatchError(dict(sorted(sides.items())), str(record["what"]))
@@ -228,7 +246,8 @@ class FailureBoard:
             raise PeerLostError(f"{what} on rank {rank}: rank {peer}: {why}; a peer was lost")
 
     def raise_known(self, rank: int, seq: int, what: str) -> None:
-        """Raise what the records read so far say (no request)."""
+        """Raise what the records read so far say (no request, but the two that count this rank
+        out of an operation after a refusal)."""
         if self._revoked_by is not None:
             raise RevokedError(f"{what} on rank {rank}: rank {self._revoked_by} revoked the communicator")
         if self._mismatch is not None:
@@ -239,9 +258,19 @@ class FailureBoard:
             raise RemoteError(_first_causes(self._above), context=context)
         failures = [f for r, f in self._failures.items() if r != rank]
         seen = {f.rank for f in failures}
-        failures += [f for r, f in self._inputs.get(seq, {}).items() if r != rank and f.rank not in seen]
-        if failures:
-            raise RemoteError(_first_causes(failures), context=f"{what} on rank {rank} abandoned")
+        refusals = [f for r, f in self._inputs.get(seq, {}).items() if r != rank and f.rank not in seen]
+        # A collective this rank went through although a peer refused its arguments to it (its part
+        # did not need the peer's): the peer's later data would meet this rank's later operations.
+        # (A rank released by a refusal has said so already.)
+        skipped = [s for s, ranks in self._refusals.items() if not self._left and s < seq and rank not in ranks]
+        refusals += [f for s in skipped for r, f in self._inputs.get(s, {}).items() if r != rank and r not in seen]
+        if refusals:
+            self._leave(rank)
+        if failures or refusals:
+            context = f"{what} on rank {rank} abandoned"
+            if skipped:
+                context += f" (operation #{min(skipped)} ran on this rank without the ranks that refused it)"
+            raise RemoteError(_first_causes(failures + refusals), context=context)
         for peer, why in self._lost.items():
             if peer != rank and peer not in self._closed:
                 raise PeerLostError(f"{what} on rank {rank}: rank {peer}: {why}; a peer was lost")
@@ -258,6 +287,32 @@ class FailureBoard:
             if peer is not None and peer != rank and peer not in self._closed and not alive(pid):
                 dead[peer] = pid
         return dead
+
+    def refused_by_all(self, rank: int, refused: int, what: str, look: bool) -> bool:
+        """Whether every member refused its arguments to collective ``refused``, as this rank did
+        (the group is intact); raise when a member left an operation because of a refusal (it had
+        started one without the refusing ranks), or (``look``: read the log too) failed, closed or
+        is gone: the group can no longer be trusted. Two requests, counters whatever the size."""
+        if guarded_store(lambda: self._store.add(f"{self.name}refused{refused}", 0)) >= len(self.members):
+            return True
+        if guarded_store(lambda: self._store.add(f"{self.name}left", 0)):
+            who = guarded_store(lambda: self._store.get(f"{self.name}left/who")).decode()
+            started = spans_text(sorted({int(r) for r in who.split(",") if r}))
+            raise CommError(
+                f"{what} on rank {rank}: ranks {started} started operation #{refused} (or a later one) without "
+                "the ranks that refused their arguments to it, and left it: its data would meet later "
+                "operations, so the communicator is unusable"
+            )
+        if look:
+            self.refresh()
+            self.raise_known(rank, 0, what)  # revoked, a mismatch, failures for good, lost ranks
+            refusers = self._refusals.get(refused, set())
+            closed = sorted(r for r in self._closed if r not in refusers and r != rank)
+            if closed:
+                raise PeerClosedError(closed[0], *self._closed[closed[0]], f"{what} on rank {rank}")
+        for peer, pid in self._dead_here(rank).items():
+            self.lose(rank, peer, f"its process (pid {pid}) has exited", 0, what)
+        return False
 
     @property
     def keys(self) -> StoreHandle:

@@ -10,14 +10,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from communicator.config import CommConfig
-from communicator.control.board import FailureBoard
+from communicator.control.board import FailureBoard, backoff
 from communicator.control.liveness import Hosts
 from communicator.control.log import EventLog, Store, StoreHandle, guarded_store
 from communicator.control.relay import Relay
 from communicator.control.stalls import Watch, Watcher
 from communicator.control.survivors import Survivors
 from communicator.control.waiting import TransferWaiter, translate, wait
-from communicator.errors import CollectiveMismatchError, CommError, RemoteFailure
+from communicator.errors import CollectiveMismatchError, CommError, CommTimeoutError, RemoteFailure
 from communicator.guard import CallState
 from communicator.launchers.network import GLOO_IFNAME, interface_addresses, is_loopback, route_source
 
@@ -77,6 +77,7 @@ class Control:
         self.transfers = TransferWaiter()
         self.broken: CommError | None = None
         self.survivors = Survivors(board, rank)
+        self.refused: tuple[int, RemoteFailure] | None = None  # the last collective this rank refused, and why
         world.users += 1
 
     @classmethod
@@ -113,8 +114,40 @@ class Control:
     def launch_failed(self, error: RuntimeError) -> CommError:
         return self.abandon(translate(error, self.board, self.rank, self._calls.seq, self._calls.op))
 
-    def bad_arguments(self, error: BaseException, what: str) -> None:
-        self.board.post_input(self._calls.seq, RemoteFailure.of(self.rank, error, what))
+    def bad_arguments(self, error: BaseException, what: str, collective: bool) -> None:
+        refusal = RemoteFailure.of(self.rank, error, what)
+        self.board.post_input(self._calls.seq, refusal, collective)
+        if collective:
+            self.refused = self._calls.seq, refusal
+
+    def settle(self) -> None:
+        """Before this rank communicates again after refusing its arguments to a collective, which
+        the others may have started without it: wait until every rank refused it too (the group
+        is intact), or leave the communicator unusable as soon as one rank started it instead
+        (this rank's next data would meet that operation there). Two requests a look (counters),
+        and the log read for failures and closings as often as a waiting rank reads it."""
+        assert self.refused is not None
+        (seq, refusal), calls, every = self.refused, self._calls, self.world.log.look_seconds
+        started = looked = time.monotonic()
+        pause = backoff(0.001, every)
+        try:
+            while True:
+                now = time.monotonic()
+                look = now - looked >= every
+                looked = now if look else looked
+                if self.board.refused_by_all(self.rank, seq, calls.op, look):
+                    return
+                if now - started > self.limit:
+                    raise CommTimeoutError(
+                        f"{calls.op} on rank {self.rank}: after {self.limit:g} s, not every rank has refused "
+                        f"operation #{seq} (as this rank did) or left it"
+                    )
+                time.sleep(pause())
+        except CommError as error:
+            if self.broken is None:  # unusable now; a rank released later names the refusal as the cause
+                self.broken = error
+                self.board.post(refusal)
+            raise error from None
 
     def failed(self, error: BaseException, where: str) -> None:
         self.board.post(RemoteFailure.of(self.rank, error, where))
