@@ -184,7 +184,8 @@ def _refuse(refusing: Sequence[Control], controls: Sequence[Control], clock: Clo
     for control in refusing:
         control.bad_arguments(ValueError("unknown reduce op"), "all_reduce", collective=True)
     clock.now += news_delay()
-    others = [c for c in controls if c not in refusing]
+    refused = {id(c) for c in refusing}
+    others = [c for c in controls if id(c) not in refused]
     knew = _spread([refusing[0], *others], lambda: None, RemoteError, clock)
     clock.now += news_delay()
     for control in refusing:
