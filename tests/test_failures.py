@@ -144,11 +144,12 @@ def sent_past_a_refusal(comm: Communicator) -> list[tuple[str, str]]:
 def test_a_rank_that_got_through_a_refused_collective_leaves_the_next_one() -> None:
     root, refuser, receiver = run_ranks(sent_past_a_refusal, 3, timeout=60)
     assert [error for error, _ in refuser] == ["ValueError", "CommError"], refuser
-    assert root[0][0] == "RemoteError" and root[1][0] == "CommError", root
-    if receiver[0] == ("ok", repr("from 0")):  # the object was right; the next operation is not run
-        assert receiver[1][0] == "RemoteError" and "ran on this rank without the ranks that refused" in receiver[1][1]
-    else:
-        assert receiver[0][0] == "RemoteError" and receiver[1][0] == "CommError", receiver
+    for outcomes in (root, receiver):  # the root's sends may or may not complete without rank 1
+        if outcomes[0][0] == "ok":  # went through, with the right object; the next operation is not run
+            assert outcomes[0][1] == repr("from 0") and outcomes[1][0] == "RemoteError", outcomes
+            assert "ran on this rank without the ranks that refused" in outcomes[1][1]
+        else:
+            assert [error for error, _ in outcomes] == ["RemoteError", "CommError"], outcomes
 
 
 def killed_mid_collective(comm: Communicator) -> tuple[str, float]:
