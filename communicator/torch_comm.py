@@ -30,7 +30,7 @@ from communicator.handles import Work
 from communicator.launchers import Topology, detect_launcher
 from communicator.nonmember import NonMemberComm
 from communicator.torch_channel import TorchChannel, cut
-from communicator.torch_options import broadcast_options
+from communicator.torch_options import all_reduce_options, broadcast_options
 
 __all__ = ["GroupScope", "SubgroupComm", "TorchComm"]
 
@@ -49,15 +49,9 @@ _TORCH_OPS = {
 }
 
 
-def _all_reduce_options(op: dist.ReduceOp.RedOpType) -> dist.AllreduceOptions:
-    options = dist.AllreduceOptions()
-    options.reduceOp = dist.ReduceOp(op)
-    return options
-
-
 #: Reductions NCCL does not have: they run over point to point (``communicator.derived``).
 _NCCL_LACKS = frozenset({"band", "bor", "bxor"})
-_ALL_REDUCE = {name: _all_reduce_options(op) for name, op in _TORCH_OPS.items()}
+_ALL_REDUCE = {name: all_reduce_options(op) for name, op in _TORCH_OPS.items()}
 _BARRIER = dist.BarrierOptions()
 
 

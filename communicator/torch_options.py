@@ -1,6 +1,6 @@
-"""The options objects of a torch process group's rooted methods (``broadcast``, ``gather``,
-``scatter``), made once per root, for the hot paths that call the group's own methods (see
-:mod:`communicator.torch_comm`)."""
+"""The options objects of a torch process group's methods (``allreduce`` per op; ``broadcast``,
+``gather``, ``scatter`` per root), made once, for the hot paths that call the group's own methods
+(see :mod:`communicator.torch_comm`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ import functools
 
 import torch.distributed as dist
 
-__all__ = ["broadcast_options", "gather_options", "scatter_options"]
+__all__ = ["all_reduce_options", "broadcast_options", "gather_options", "scatter_options"]
+
+
+@functools.cache
+def all_reduce_options(op: dist.ReduceOp.RedOpType) -> dist.AllreduceOptions:
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp(op)
+    return options
 
 
 @functools.cache
