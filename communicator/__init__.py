@@ -20,7 +20,6 @@ except ModuleNotFoundError as missing:
 
 from communicator.base import Communicator
 from communicator.config import CommConfig
-from communicator.context_group import ContextGroup
 from communicator.errors import (
     CollectiveMismatchError,
     CommError,
@@ -34,10 +33,11 @@ from communicator.errors import (
     RevokedError,
 )
 from communicator.handles import Handle
-from communicator.nondist import NonDistComm
-from communicator.nonmember import NonMemberComm
-from communicator.spawn import launch
-from communicator.torch_comm import SubgroupComm, TorchComm
+from communicator.testing.spawn import launch
+from communicator.transports.context_group import ContextGroup
+from communicator.transports.nondist import NonDistComm
+from communicator.transports.nonmember import NonMemberComm
+from communicator.transports.torch_comm import SubgroupComm, TorchComm
 from communicator.version import __version__
 
 __all__ = [

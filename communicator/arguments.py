@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from communicator.ops import WIRE_DTYPES
+from communicator.reductions import WIRE_DTYPES
 
 __all__ = [
     "COLLECTIVE_TAG",
@@ -30,15 +30,15 @@ __all__ = [
 
 #: The point-to-point tag of the library's own transfers, apart from the tags users pass to send/recv.
 TRANSFER_TAG = 0x7C0DE
-#: The tag of the argument checks (see :mod:`communicator.agreement`): apart from every transfer.
+#: The tag of the argument checks (see :mod:`communicator.crosscheck`): apart from every transfer.
 CHECK_TAG = TRANSFER_TAG + 1
-#: The tag of the default collectives over point-to-point (see :mod:`communicator.derived`).
+#: The tag of the default collectives over point-to-point (see :mod:`communicator.ops.defaults`).
 COLLECTIVE_TAG = TRANSFER_TAG + 2
 #: The tag of the receive that closes a connection to end an abandoned transfer (see
 #: :mod:`communicator.control.waiting`).
 CUT_TAG = TRANSFER_TAG + 3
 #: The tag of the object protocol's records when they travel point to point (see
-#: :mod:`communicator.torch_channel`): apart from the frames that follow them.
+#: :mod:`communicator.transports.torch_channel`): apart from the frames that follow them.
 RECORD_TAG = TRANSFER_TAG + 4
 _OWN_TAGS = (TRANSFER_TAG, CHECK_TAG, COLLECTIVE_TAG, CUT_TAG, RECORD_TAG)
 _DTYPES = frozenset(WIRE_DTYPES)

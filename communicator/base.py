@@ -2,8 +2,8 @@
 communicator.
 
 A subclass implements point-to-point (see the table); everything public is written once, on top
-of it, here and in the mixins the class is made of (:mod:`communicator.tensor_ops`,
-:mod:`communicator.object_ops`, ...): argument checks, the guard (closed and non-member
+of it, here and in the mixins the class is made of (:mod:`communicator.ops.tensors`,
+:mod:`communicator.ops.objects`, ...): argument checks, the guard (closed and non-member
 communicators, sequence numbers, failure signalling, debug fingerprints, use from two threads),
 device and inference-mode handling, the finishing step (mean division, write-back), uneven gathers,
 object collectives, dict reduction, result collection, seed synchronisation and subgroups.
@@ -26,7 +26,7 @@ object collectives, dict reduction, result collection, seed synchronisation and 
 **may** (fast paths)   ``_barrier``, ``_broadcast``, ``_all_reduce``, ``_reduce``,
                        ``_all_gather`` (equal shapes), ``_reduce_scatter``,
                        ``_create_groups``: defaults over the point-to-point
-                       (:mod:`communicator.derived`) that finish before they return;
+                       (:mod:`communicator.ops.defaults`) that finish before they return;
                        ``_object_channel``; ``backend``, ``device``, ``global_ranks`` and the
                        topology; ``from_config``. An override gets contiguous tensors on
                        ``self.device`` and never a complex product
@@ -54,32 +54,33 @@ import json
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar, Literal, TypeVar, overload
+from typing import Any, ClassVar, Literal, TypeVar, final, overload
 
 import torch
 from torch.distributed.distributed_c10d import PrefixStore
 
-import communicator.derived as derived
 import communicator.objects.protocol as protocol
+import communicator.ops.defaults as derived
 from communicator.config import CommConfig, ConfigLike
 from communicator.control import Control
 from communicator.control.log import Store
+from communicator.control.recovery import Recovery, unusable
 from communicator.control.waiting import at_once, finished
-from communicator.coordination import Coordination
 from communicator.errors import CommError, CommTimeoutError, ConfigError
-from communicator.factory import SINGLE, build, decide
+from communicator.factory import REGISTRY, SINGLE, build, decide, provided
 from communicator.fingerprints import check_fingerprints, fingerprint
 from communicator.guard import CallState, Spec, guarded
 from communicator.handles import DONE, Handle, Work
-from communicator.object_ops import ObjectOperations
 from communicator.objects import make_codec
+from communicator.objects.channel import Channel, PrimitiveChannel
 from communicator.objects.codec import Codec
-from communicator.observe.observation import Observation
-from communicator.ranks import RankQueries
-from communicator.recovery import Recovery, unusable
-from communicator.splits import Splitting
-from communicator.staging import editing, stage, while_editing
-from communicator.tensor_ops import TensorOperations
+from communicator.ops.coordination import Coordination
+from communicator.ops.objects import ObjectOperations
+from communicator.ops.observation import Observation
+from communicator.ops.ranks import RankQueries
+from communicator.ops.splits import Splitting
+from communicator.ops.staging import editing, stage, while_editing
+from communicator.ops.tensors import TensorOperations
 
 __all__ = ["Communicator"]
 
@@ -119,21 +120,23 @@ class Communicator(
     ```
     """
 
-    _registry: ClassVar[dict[str, type[Communicator]]] = {}
     _active: ClassVar[list[Communicator]] = []  # communicators whose ``with`` block is open, innermost last
     _specs: ClassVar[dict[str, Spec]] = {}  # every guarded public operation, by name
     _open: ClassVar[weakref.WeakSet[Communicator]] = weakref.WeakSet()  # closed at exit if still open
     _exiting: ClassVar[bool] = False  # set while the interpreter closes what was left open
     _planes: ClassVar[int] = 0  # control planes built from _control_store() in this process
-    #: The default subgroups (set by :mod:`communicator.context_group`, a subclass this module cannot import).
-    context_groups: ClassVar[Callable[[Communicator, list[list[int]]], Communicator]]
+    #: Whether this class's point-to-point works are waited on whole, so that the argument check
+    #: (:mod:`communicator.crosscheck`) may run over them without debug mode: ``TorchComm``'s are; a
+    #: subclass's own ``_isend``/``_irecv`` (a gloo transfer waited in slices may time out) are not,
+    #: unless the class says so.
+    whole_transfer_waits: ClassVar[bool] = False
 
     def __init__(self, config: CommConfig | None = None) -> None:
         self.config: CommConfig = config if config is not None else CommConfig()
         self._codec: Codec = make_codec(self.config.serializer, self.config.trusted, self.config.safe_max_expansion)
         self._reason = ""
         self._calls = CallState(self.config.trace_events)  # the guard's: see communicator.guard
-        self._stats = self._observe()  # see communicator.observe.observation
+        self._stats = self._observe()  # see communicator.ops.observation
         self._closed = False
         self._children: list[Communicator] = []
         self._local: Communicator | None = None
@@ -145,8 +148,19 @@ class Communicator(
         Communicator._open.add(self)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Guard a subclass's overrides of public operations too: it cannot forget the guard."""
+        """Guard a subclass's overrides of public operations too: it cannot forget the guard. The
+        machinery every operation shares (``MACHINERY``) cannot be overridden: a subclass that
+        defines one of its names would lose failure signalling silently."""
         super().__init_subclass__(**kwargs)
+        clashes = sorted(MACHINERY & cls.__dict__.keys())
+        if clashes:
+            raise TypeError(
+                f"{cls.__qualname__} defines {', '.join(clashes)}: the machinery every operation shares "
+                "(waits, launches, the control plane) is the base class's; override the hooks instead "
+                "(the primitives, the fast paths, _control_store, _teardown: see docs/custom.md)"
+            )
+        if ("_isend" in cls.__dict__ or "_irecv" in cls.__dict__) and "whole_transfer_waits" not in cls.__dict__:
+            cls.whole_transfer_waits = False
         for name, spec in Communicator._specs.items():
             method = cls.__dict__.get(name)
             if callable(method) and not hasattr(method, "__collective__"):
@@ -161,13 +175,13 @@ class Communicator(
         ``cfg`` is a :class:`~communicator.config.CommConfig`, a mapping of its fields (mmengine's
         ``port`` is accepted) or ``None`` (read ``COMMUNICATOR_*`` variables). The choice, which
         ``describe()`` and ``communicator info`` explain: a registered ``type`` builds that class;
-        ``launcher="none"`` gives a :class:`~communicator.nondist.NonDistComm`; an initialised
+        ``launcher="none"`` gives a :class:`~communicator.transports.nondist.NonDistComm`; an initialised
         ``torch.distributed`` is adopted (not destroyed on close); launcher variables (torchrun,
         MPI, Slurm) start and own a group; otherwise a single process.
         """
         config = CommConfig.of(cfg)
-        decision = decide(config, Communicator._registry)
-        comm = Communicator._registry[decision.type].from_config(config)
+        decision = decide(config, REGISTRY)
+        comm: Communicator = REGISTRY[decision.type].from_config(config)
         if decision.type == SINGLE:
             comm._reason = decision.reason
         return comm
@@ -182,7 +196,7 @@ class Communicator(
         def decorate(subclass: type[CommT]) -> type[CommT]:
             if not (isinstance(subclass, type) and issubclass(subclass, Communicator)):
                 raise TypeError(f"only Communicator subclasses can be registered, got {subclass!r}")
-            Communicator._registry[name] = subclass
+            REGISTRY[name] = subclass
             return subclass
 
         return decorate
@@ -190,7 +204,7 @@ class Communicator(
     @classmethod
     def registered(cls) -> dict[str, type[Communicator]]:
         """The registered communicator classes by name."""
-        return dict(Communicator._registry)
+        return dict(REGISTRY)
 
     @classmethod
     def from_config(cls, config: CommConfig) -> Communicator:
@@ -222,6 +236,7 @@ class Communicator(
         """Release what this communicator created, its subgroups first. Safe to call twice."""
         self._close(None)
 
+    @final
     def _close(self, error: BaseException | None) -> None:
         if self in Communicator._active:
             Communicator._active.remove(self)
@@ -276,7 +291,7 @@ class Communicator(
     def _irecv(self, tensor: torch.Tensor, src: int, tag: int) -> Work:
         """Start receiving into ``tensor`` (its size is known) from rank ``src`` and return at once."""
 
-    # -- defaults over the point-to-point (:mod:`communicator.derived`), fast paths to override --
+    # -- defaults over the point-to-point (:mod:`communicator.ops.defaults`), fast paths to override --
 
     def _barrier(self) -> Work:
         """Start a barrier across every rank."""
@@ -302,8 +317,9 @@ class Communicator(
         """Create a communicator for each group (lists of this communicator's ranks, in the new
         ranks' order; every rank passes the same lists) and return this rank's; a rank in none of
         them gets ``NonMemberComm.outside(self, groups)``. Default: groups over this
-        communicator's point-to-point, each on tags of its own (:mod:`communicator.context_group`)."""
-        return Communicator.context_groups(self, groups)
+        communicator's point-to-point, each on tags of its own (:mod:`communicator.transports.context_group`)."""
+        made: Communicator = provided("context_groups")(self, groups)
+        return made
 
     def _shrunk(self, members: list[int], name: str) -> Communicator:
         """A new communicator over ``members`` (this one's ranks, in order), with transport
@@ -326,12 +342,12 @@ class Communicator(
         output.copy_(flat[start : start + output.numel()].reshape(output.shape))
         return DONE
 
-    def _object_channel(self) -> protocol.Channel:
+    def _object_channel(self) -> Channel:
         """How object bytes travel (default: over the tensor primitives, as uint8 CPU tensors,
         each started by ``_launch``, so that a start that fails is explained like any other)."""
         primitives = (self._all_gather, self._broadcast, self._isend, self._irecv)
         gather, broadcast, send, receive = (functools.partial(self._launch, primitive) for primitive in primitives)
-        return protocol.PrimitiveChannel(self.rank, self.world_size, gather, broadcast, send, receive, self._await)
+        return PrimitiveChannel(self.rank, self.world_size, gather, broadcast, send, receive, self._await)
 
     def _control_store(self) -> Store | None:
         """The key-value store of this communicator's world, shared by its ranks, for the control
@@ -339,19 +355,26 @@ class Communicator(
         timeout, but a peer's failure is not signalled."""
         return None
 
+    def _control_plane(self) -> Control | None:
+        """Build this communicator's control plane (asked once, on first use): by default over
+        ``_control_store()``, in a namespace of the store of its own (ranks create communicators in
+        the same order, so a count of them names it alike everywhere). A communicator inside
+        another's world (a subgroup) returns a child of its parent's plane instead."""
+        store = self._control_store()
+        if store is None:
+            return None
+        Communicator._planes += 1
+        own = PrefixStore(f"communicator/plane{Communicator._planes}/", store)
+        return Control.for_world(own, self.rank, self.world_size, self._calls, self.config, self.local_size)
+
+    @final
     def _plane(self) -> Control | None:
-        """The control plane, built on first use, in a namespace of the store of its own (ranks
-        create communicators in the same order, so a count of them names it alike everywhere)."""
+        """The control plane (see ``_control_plane``), built on first use."""
         if self._control is None and not self._closed:
-            store = self._control_store()
-            if store is not None:
-                Communicator._planes += 1
-                own = PrefixStore(f"communicator/plane{Communicator._planes}/", store)
-                self._control = Control.for_world(
-                    own, self.rank, self.world_size, self._calls, self.config, self.local_size
-                )
+            self._control = self._control_plane()
         return self._control
 
+    @final
     def _wait(self, works: Sequence[Work], timeout: float | None = None) -> None:
         """Finish ``works`` within ``timeout`` seconds (else the communicator's timeout), released
         early by a peer's failure, refusal or closing when there is a control plane."""
@@ -371,12 +394,14 @@ class Communicator(
                 if time.monotonic() > deadline:
                     raise CommTimeoutError(f"{self._calls.op} did not finish within {limit:g} s on rank {self.rank}")
 
+    @final
     def _heed(self, control: Control) -> None:
         """After an abandoned operation every later one is refused."""
         if control.broken is not None and self._calls.refusal is None:
             broken = control.broken
             self._calls.refusal = lambda what: unusable(what, broken)
 
+    @final
     def _await(self, works: Sequence[Work], timeout: float | None = None) -> None:
         """``_wait``, its time counted as the running operation's wait (see :mod:`communicator.observe.stats`)."""
         event = self._calls.event if CallState.observers else None  # waits are timed for statistics and hooks
@@ -416,6 +441,7 @@ class Communicator(
             control.bad_arguments(error, what, collective)
             self._calls.unsettled = collective
 
+    @final
     def _settle(self) -> None:
         """Go on only if every rank refused the collective this rank refused (see ``Control.settle``)."""
         self._calls.unsettled = False
@@ -439,9 +465,11 @@ class Communicator(
 
     # -- the machinery every operation shares ---------------------------------------------------
 
+    @final
     def _stage(self, tensor: torch.Tensor) -> torch.Tensor:
         return stage(tensor, self.device)
 
+    @final
     def _launch_into(self, tensor: Tensor, start: Callable[..., Work], *args: Any) -> Work:
         """``_launch`` of a primitive that writes into ``tensor``: where autograd does not record when it
         is a leaf that requires grad, and in inference mode when it is an inference tensor."""
@@ -450,6 +478,7 @@ class Communicator(
                 return while_editing(self._launch(start, tensor, *args), tensor)  # a transport may write at wait
         return self._launch(start, tensor, *args)
 
+    @final
     def _launch(self, start: Callable[..., Work], *args: Any) -> Work:
         """Start a primitive; from here on, peers may be waiting in this operation."""
         self._calls.launched = True
@@ -466,12 +495,14 @@ class Communicator(
     @overload
     def _complete(self, works: Sequence[Work], finish: Callable[[], T], async_op: bool) -> T | Handle[T]: ...
 
+    @final
     def _complete(self, works: Sequence[Work], finish: Callable[[], T], async_op: bool) -> T | Handle[T]:
         if async_op:
             return Handle(works, finish, self._wait)
         self._await(works)
         return finish()
 
+    @final
     def _objects(self) -> protocol.Port:
         """The object protocol's view of this communicator; using it starts communicating."""
         self._calls.launched = True
@@ -486,11 +517,18 @@ class Communicator(
         protocol over :meth:`_objects` (``NonDistComm``: the identity, nothing serialised)."""
         return self._objects()
 
+    @final
     def _compare_fingerprints(self, op: str, arguments: Mapping[str, Any], site: str) -> None:
         """Debug mode: every rank shows its call; any difference raises on every rank."""
         mine = json.dumps(fingerprint(op, self._calls.seq, arguments, site)).encode()
         check_fingerprints([json.loads(side) for side in protocol.all_gather_bytes(self._objects().channel, mine)])
         self._calls.launched = False  # the operation itself has not started
+
+
+#: What every operation runs through, written once here: a subclass cannot define these names.
+MACHINERY = frozenset(
+    name for name, member in vars(Communicator).items() if getattr(member, "__final__", False)
+)
 
 
 def _closed_error(what: str) -> CommError:

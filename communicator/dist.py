@@ -8,7 +8,7 @@ keeps mmengine's signature, return convention and single-process answer, and run
    the one :func:`init_dist` opened (until :func:`close_dist`);
 3. otherwise the initialised default ``torch.distributed`` group, adopted (not owned) the first
    time a collective runs on it and adopted again when the default group is replaced;
-4. otherwise a single process (:class:`~communicator.nondist.NonDistComm`).
+4. otherwise a single process (:class:`~communicator.transports.nondist.NonDistComm`).
 
 A torch ``ProcessGroup`` as ``group`` selects the communicator over that group. ``src`` and ``dst``
 are **global** ranks, as in mmengine and torch; they default to the group's first rank (global
@@ -45,8 +45,8 @@ from communicator.compat.switch import use_for_mmengine
 from communicator.errors import CommError, ConfigError
 from communicator.launchers import LAUNCHERS, launcher_names
 from communicator.launchers.mpi import MPIEnv
-from communicator.ops import ReduceOpLike
-from communicator.torch_comm import TorchComm
+from communicator.reductions import ReduceOpLike
+from communicator.transports.torch_comm import TorchComm
 
 __all__ = [
     "all_gather",

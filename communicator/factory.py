@@ -1,12 +1,18 @@
-"""`decide` what communicator this process needs, and why, without communicating; `build` a registered class.
+"""The registry of communicator classes; `decide` what communicator this process needs, and why,
+without communicating; `build` a registered class.
 
 ``Communicator.create`` builds what the decision names, and ``communicator info`` prints the same
 decision, so the two can never disagree. The built-in classes are registered by name like any
-user's: ``"nondist"`` (:class:`~communicator.nondist.NonDistComm`) and ``"torch"``
-(:class:`~communicator.torch_comm.TorchComm`).
+user's: ``"nondist"`` (:class:`~communicator.transports.nondist.NonDistComm`) and ``"torch"``
+(:class:`~communicator.transports.torch_comm.TorchComm`).
 
 A registered transport of its own (a direct ``Communicator`` subclass) gets its endpoints from the
 launcher by defining the class-level hook ``from_launcher`` (see :class:`FromLauncher`).
+
+The base class also names two builders it cannot import, since they are its subclasses: the
+default subgroups (:mod:`communicator.transports.context_group` registers them with
+:func:`provide`) and the ``torch.distributed`` view of a communicator
+(:mod:`communicator.transports.process_group`). Importing :mod:`communicator` registers both.
 """
 
 from __future__ import annotations
@@ -25,10 +31,25 @@ from communicator.startup import resolve_backend, world_of_one
 
 T = TypeVar("T")
 
-__all__ = ["SINGLE", "TORCH", "Decision", "FromLauncher", "build", "check_hook", "decide"]
+__all__ = [
+    "REGISTRY",
+    "SINGLE",
+    "TORCH",
+    "Decision",
+    "FromLauncher",
+    "build",
+    "check_hook",
+    "decide",
+    "provide",
+    "provided",
+]
 
 #: The registered names of the built-in classes.
 SINGLE, TORCH = "nondist", "torch"
+#: Every registered communicator class by name (``Communicator.register`` writes here).
+REGISTRY: dict[str, type[Any]] = {}
+#: The builders the base class uses but cannot import, by role ("context_groups", "process_group").
+_PROVIDED: dict[str, Callable[..., Any]] = {}
 #: The name of the class-level constructor hook of a registered transport.
 _HOOK = "from_launcher"
 
@@ -111,6 +132,16 @@ def build(cls: Callable[[CommConfig], T], config: CommConfig) -> T:
         return cls(config)
     made: T = getattr(cls, _HOOK)(config, _launcher(config) or world_of_one())
     return made
+
+
+def provide(role: str, builder: Callable[..., Any]) -> None:
+    """Register the ``builder`` the base class calls for ``role`` (its modules do, at import)."""
+    _PROVIDED[role] = builder
+
+
+def provided(role: str) -> Callable[..., Any]:
+    """The builder registered for ``role``."""
+    return _PROVIDED[role]
 
 
 def _launcher(config: CommConfig) -> LauncherEnv | None:

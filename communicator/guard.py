@@ -35,7 +35,7 @@ from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import torch
 
-from communicator.agreement import Agreement
+from communicator.crosscheck import CheckedArguments
 from communicator.errors import CommError
 from communicator.fingerprints import describe_arguments
 from communicator.observe.events import RECEIVED, RUNNING, SENT, SIZE, Event, FlightRecorder, finish
@@ -118,8 +118,25 @@ class CallState:
 
     observers: ClassVar[int] = 0  # hooks and statistics being gathered, in the whole process
     hooks_running: ClassVar[int] = 0  # hook lists running now, in the whole process
-    __slots__ = ("agreed", "busy", "group", "home", "hooking", "hooks", "launched", "op", "ranges", "recorder",
-                 "refusal", "running", "seq", "sinks", "thread", "unsettled", "up")  # fmt: skip
+    __slots__ = (
+        "busy",
+        "checked_arguments",
+        "group",
+        "home",
+        "hooking",
+        "hooks",
+        "launched",
+        "op",
+        "ranges",
+        "recorder",
+        "refusal",
+        "running",
+        "seq",
+        "sinks",
+        "thread",
+        "unsettled",
+        "up",
+    )  # fmt: skip
 
     def __init__(self, events: int = 256) -> None:
         self.busy = threading.Lock()  # held while an operation runs
@@ -138,7 +155,7 @@ class CallState:
         self.up: CallState | None = None  # the parent communicator's: its statistics and hooks see ours too
         self.ranges: tuple[Any, ...] = ()  # the profiler ranges of the running operation
         self.home: tuple[str, int, int] = ("", 0, 0)  # its (group, rank, size), once an operation has asked
-        self.agreed = Agreement()  # argument sets checked across ranks (see communicator.agreement)
+        self.checked_arguments = CheckedArguments()  # argument sets checked across ranks (see communicator.crosscheck)
 
     def hook_refusal(self, name: str) -> CommError | None:
         """Why ``name`` is refused when a hook that observes this communicator (its own, or a

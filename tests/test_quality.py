@@ -75,10 +75,105 @@ def test_the_package_imports_no_module_in_a_circle() -> None:
         visit(module, [])
 
 
+#: The modules at the top of the package: the spec and what every call runs through. Everything else
+#: lives in a folder of its own (docs/custom.md's "Where things are" says which).
+TOP = {
+    "__init__",
+    "__main__",
+    "arguments",
+    "base",
+    "config",
+    "crosscheck",
+    "dist",
+    "errors",
+    "factory",
+    "fingerprints",
+    "guard",
+    "handles",
+    "pytest_plugin",
+    "reductions",
+    "startup",
+    "version",
+}
+#: Lines of code (docstrings, comments and blank lines aside) a module may hold.
+MAX_CODE_LINES = 500
+
+
+def test_the_top_of_the_package_holds_only_the_agreed_modules() -> None:
+    top = {path.stem for path in (ROOT / "communicator").glob("*.py")}
+    assert top == TOP, f"not agreed: {sorted(top - TOP)}; gone: {sorted(TOP - top)}"
+
+
+def _room(module: str) -> str:
+    """A top-level module is a room of its own; a folder is one room, whatever it holds."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_room_imports_upward() -> None:
+    """Rooms import each other without a circle, so each sits on a floor below all that import it;
+    and nothing inside the package imports the package itself (its ``__init__`` imports them)."""
+    rooms: dict[str, set[str]] = {}
+    for name, imported in _imports_between_modules().items():
+        assert "communicator" not in imported or name == "communicator", f"{name} imports the package itself"
+        rooms.setdefault(_room(name), set()).update(_room(i) for i in imported if _room(i) != _room(name))
+    floor: dict[str, int] = {}
+
+    def depth(room: str, path: tuple[str, ...]) -> int:
+        if room in path:
+            pytest.fail(f"rooms import each other in a circle: {' -> '.join([*path[path.index(room) :], room])}")
+        if room not in floor:
+            floor[room] = 1 + max((depth(r, (*path, room)) for r in rooms.get(room, ())), default=0)
+        return floor[room]
+
+    for room in sorted(rooms):
+        depth(room, ())
+    assert floor["communicator.base"] > floor["communicator.ops"] > floor["communicator.guard"]
+    assert floor["communicator.transports"] > floor["communicator.base"]
+
+
+def _code_lines(path: Path) -> int:
+    import ast
+    import io
+    import tokenize
+
+    text = path.read_text()
+    docstrings: set[int] = set()
+    for node in ast.walk(ast.parse(text)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            value = body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                docstrings.update(range(body[0].lineno, (body[0].end_lineno or body[0].lineno) + 1))
+    skipped = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    lines: set[int] = set()
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type not in skipped:
+            lines.update(n for n in range(token.start[0], token.end[0] + 1) if n not in docstrings)
+    return len(lines)
+
+
+def test_no_module_is_over_the_size_limit() -> None:
+    sizes = {str(p.relative_to(ROOT)): _code_lines(p) for p in sorted((ROOT / "communicator").rglob("*.py"))}
+    assert sizes["communicator/base.py"] > 100  # the count sees code
+    over = {name: size for name, size in sizes.items() if size > MAX_CODE_LINES}
+    assert not over, f"split these modules (lines of code over {MAX_CODE_LINES}): {over}"
+
+
+def test_the_machinery_cannot_be_overridden() -> None:
+    """A subclass that defines a name of the machinery every operation shares is refused at class
+    creation: it would silently lose failure signalling."""
+    from communicator import Communicator
+    from communicator.base import MACHINERY
+
+    assert {"_wait", "_await", "_launch", "_plane", "_complete"} <= MACHINERY
+    with pytest.raises(TypeError, match="_wait"):
+        type("Sloppy", (Communicator,), {"_wait": lambda self, works, timeout=None: None})
+
+
 def test_the_private_torch_function_the_groups_patch_still_exists() -> None:
     import torch.distributed.distributed_c10d as c10d
 
-    from communicator.groups import _group_name
+    from communicator.transports.groups import _group_name
 
     original = c10d._process_group_name
     with _group_name("communicator/test/"):

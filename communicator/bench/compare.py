@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from communicator.equality import same_value
+from communicator.check.equality import same_value
 
 __all__ = ["same_objects", "same_reductions"]
 

@@ -35,7 +35,7 @@ from communicator.bench.ops import MMENGINE, TORCH, load_mmengine
 from communicator.bench.scaling import oversubscribed
 from communicator.bench.spread import CONFIDENCE, MIN_ROUNDS, WITHIN_NOISE, Progress, Spread, judge, spread_of
 from communicator.guard import CallState
-from communicator.spawn import launch
+from communicator.testing.spawn import launch
 
 __all__ = ["CALLS", "IGNITE", "RECORDING_TARGET_US", "OverheadRow", "Recording", "format_overhead", "run_overhead"]
 

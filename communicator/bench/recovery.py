@@ -22,7 +22,7 @@ import torch
 
 from communicator.base import Communicator
 from communicator.errors import PeerLostError, RemoteError, RemoteFailure
-from communicator.spawn import launch
+from communicator.testing.spawn import launch
 
 __all__ = ["Recovery", "format_table", "run"]
 

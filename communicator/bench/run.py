@@ -23,7 +23,7 @@ from communicator.bench.phases import time_phases
 from communicator.bench.spread import Progress
 from communicator.bench.targets import straddling
 from communicator.bench.timing import time_case
-from communicator.spawn import launch
+from communicator.testing.spawn import launch
 
 __all__ = ["Plan", "run_benchmark"]
 

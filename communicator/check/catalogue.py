@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from communicator.base import Communicator
+from communicator.check.equality import same_value
 from communicator.check.values import (
     REDUCE_INPUT,
     Mismatch,
@@ -28,9 +29,8 @@ from communicator.check.values import (
     reduced,
     short,
 )
-from communicator.equality import same_value
 from communicator.errors import NotMemberError
-from communicator.ops import REDUCE_OPS
+from communicator.reductions import REDUCE_OPS
 
 __all__ = ["CHECKS", "DEFAULT_SIZES", "SIZES", "Check"]
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from communicator.equality import same_value
+from communicator.check.equality import same_value
 
 __all__ = [
     "COMBINE",

@@ -74,7 +74,7 @@ def run_local(
 ) -> int:
     """``check --local N``: start ``nproc`` local gloo ranks, run ``checks`` on them, print rank 0's
     report; the exit status. ``timeout`` bounds each op; the ranks are stopped after ``60 + 3 * timeout`` s."""
-    from communicator.spawn import launch
+    from communicator.testing.spawn import launch
 
     try:
         results = launch(

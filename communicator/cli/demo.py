@@ -19,8 +19,8 @@ import torch
 
 from communicator.base import Communicator
 from communicator.errors import CommError
-from communicator.spawn import launch
 from communicator.testing import run_single
+from communicator.testing.spawn import launch
 
 __all__ = ["EMBEDDING_TOLERANCE", "add_arguments", "compare", "evaluate", "run"]
 

@@ -3,7 +3,7 @@
 In order: the ``group`` argument when it is a :class:`~communicator.base.Communicator`; the
 communicator of the innermost open ``with`` block (or the one :func:`communicator.dist.init_dist`
 opened); the default ``torch.distributed`` group, adopted once per default group; a
-:class:`~communicator.nondist.NonDistComm` when ``torch.distributed`` is not initialised. A torch
+:class:`~communicator.transports.nondist.NonDistComm` when ``torch.distributed`` is not initialised. A torch
 ``ProcessGroup`` argument selects the communicator over that group, built once per backing
 communicator and forgotten when that one closes.
 
@@ -20,8 +20,8 @@ import torch.distributed as dist
 from communicator.base import Communicator
 from communicator.config import CommConfig
 from communicator.errors import CommError, NotMemberError
-from communicator.nondist import NonDistComm
-from communicator.torch_comm import TorchComm
+from communicator.transports.nondist import NonDistComm
+from communicator.transports.torch_comm import TorchComm
 
 __all__ = [
     "GroupLike",

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from communicator.base import Communicator
-from communicator.ops import ReduceOpLike
+from communicator.reductions import ReduceOpLike
 
 __all__ = ["all_reduce_coalesced", "make_buckets"]
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from communicator.base import Communicator
-from communicator.results import check_arguments, merge_parts
+from communicator.ops.results import check_arguments, merge_parts
 
 __all__ = ["collect_through_directory"]
 

@@ -46,10 +46,10 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from communicator.agreement import CHECKING
 from communicator.control.board import FailureBoard
 from communicator.control.liveness import Hosts
 from communicator.control.ranks import Spans, spans_text
+from communicator.crosscheck import CHECKING
 from communicator.errors import CollectiveMismatchError
 from communicator.guard import CallState
 

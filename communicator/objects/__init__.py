@@ -3,11 +3,12 @@
 - :mod:`~communicator.objects.protocol`: the object collectives, as records and point-to-point frames;
 - :mod:`~communicator.objects.frames`: a frame's layout, and its streaming in chunks;
 - :mod:`~communicator.objects.codec`: the codec interface, the pickle codec and a user's serializer;
-- :mod:`~communicator.objects.safe`: the ``"safe"`` codec, a restricted unpickler;
-- :mod:`~communicator.objects.allowlist`: what its payloads may name and call, and its refusals;
-- :mod:`~communicator.objects.unpickler`: its unpickler of streams that are not plain, opcode by opcode;
-- :mod:`~communicator.objects.plain_stream`: its fast check of streams of plain data;
-- :mod:`~communicator.objects.rebuild`: how arrays, tensors and other values are rebuilt from plain data.
+- :mod:`~communicator.objects.safe.serializer`: the ``"safe"`` codec, a restricted unpickler (the rest of
+  :mod:`~communicator.objects.safe` is what it is made of);
+- :mod:`~communicator.objects.safe.allowlist`: what its payloads may name and call, and its refusals;
+- :mod:`~communicator.objects.safe.unpickler`: its unpickler of streams that are not plain, opcode by opcode;
+- :mod:`~communicator.objects.safe.plain_stream`: its fast check of streams of plain data;
+- :mod:`~communicator.objects.safe.rebuild`: how arrays, tensors and other values are rebuilt from plain data.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 
 from communicator.config import Serializer
 from communicator.objects.codec import Codec, PickleCodec, UserCodec
-from communicator.objects.safe import DEFAULT_MAX_EXPANSION, SafeCodec
+from communicator.objects.safe.serializer import DEFAULT_MAX_EXPANSION, SafeCodec
 
 __all__ = ["make_codec"]
 

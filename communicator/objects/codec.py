@@ -1,6 +1,6 @@
 """Codecs: the interface, the pickling both pickle codecs share (protocol 5, large buffers out of
 band), the plain pickle codec and the wrapper of a user's serializer. The ``"safe"`` codec is in
-:mod:`communicator.objects.safe`."""
+:mod:`communicator.objects.safe.serializer`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from communicator.config import Serializer
-from communicator.objects.rebuild import reduce_tensor
+from communicator.objects.safe.rebuild import reduce_tensor
 
 __all__ = ["OUT_OF_BAND_MIN_BYTES", "PROTOCOL", "Codec", "PickleCodec", "UserCodec", "pickle_pieces"]
 

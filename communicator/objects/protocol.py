@@ -1,7 +1,7 @@
 """The pickled-object protocol: how every object collective moves Python values.
 
-Every object collective starts with one fixed-size record per rank (:data:`RECORD_BYTES`). A
-record carries the encoded object inline when it fits, so a small object needs that one
+Every object collective starts with one fixed-size header per rank (:data:`HEADER_BYTES`). A
+header carries the encoded object inline when it fits, so a small object needs that one
 collective; or the length of its frame and the sender's chunk size, whose exact bytes then go
 point to point in chunks (nothing is padded, see :mod:`communicator.objects.frames`); or a failure
 report, so that a rank which cannot serialise releases every peer at once instead of leaving them
@@ -14,10 +14,7 @@ at once; from ``broadcast_object``'s source to every rank. Within a stream every
 in place is posted at once; staged chunks take turns in two buffers (see
 :mod:`communicator.objects.frames`).
 
-The bytes travel on a :class:`Channel`: fixed-size records (in collectives, or point to point where
-a channel finds that faster), exact-size payloads point to point. A communicator supplies its own
-(``Communicator._object_channel``); :class:`PrimitiveChannel` builds one from any communicator's
-tensor primitives.
+The bytes travel on a :class:`~communicator.objects.channel.Channel`.
 """
 
 from __future__ import annotations
@@ -27,18 +24,17 @@ import gc
 import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
 
-from communicator.arguments import TRANSFER_TAG
 from communicator.config import DEFAULT_OBJECT_BUFFER_BYTES
 from communicator.errors import CollectiveMismatchError, RemoteError, RemoteFailure
+from communicator.objects.channel import Channel, gather_answer
 from communicator.objects.codec import Codec
 from communicator.objects.frames import (
     Chunks,
-    Moves,
     Outgoing,
     Pending,
     chunk_size,
@@ -47,34 +43,29 @@ from communicator.objects.frames import (
     stream,
     unpack_frame,
 )
-from communicator.objects.rebuild import receive_device
+from communicator.objects.safe.rebuild import receive_device
 from communicator.observe.events import Event
 
 __all__ = [
     "DEFAULT_BUFFER_BYTES",
     "EMPTY",
-    "RECORD_BYTES",
-    "Answering",
-    "Channel",
+    "HEADER_BYTES",
     "Port",
-    "PrimitiveChannel",
     "Collectives",
     "all_gather_bytes",
-    "check_records",
+    "check_headers",
     "check_scatter_list",
-    "empty_record",
-    "failure_record",
-    "gather_answer",
-    "gather_then_broadcast",
+    "empty_header",
+    "failure_header",
 ]
 
 T = TypeVar("T")
 
-RECORD_BYTES = 2048
+HEADER_BYTES = 2048
 #: The staging memory an object collective uses on top of the objects (``CommConfig.object_buffer_bytes``).
 DEFAULT_BUFFER_BYTES = DEFAULT_OBJECT_BUFFER_BYTES
 _HEAD = struct.Struct("<BxxxxxxxQQ")  # kind, length, the sender's chunk size
-INLINE_BYTES = RECORD_BYTES - _HEAD.size
+INLINE_BYTES = HEADER_BYTES - _HEAD.size
 #: all_gather_object sends frames up to this size to every rank at once, larger ones around a ring;
 AT_ONCE_BYTES = 1024 * 1024
 #: and beyond this many ranks, every frame around the ring: with 16 ranks on 2 cores, 240 streams at
@@ -85,139 +76,11 @@ SMALL_FRAME_BYTES = 1024 * 1024
 EMPTY, INLINE, LARGE, FAILED = 0, 1, 2, 3
 
 
-class Channel(Protocol):
-    """How object bytes travel between the ranks of one communicator (ranks are local to it). A
-    channel may also be :class:`Answering`."""
-
-    rank: int
-    world_size: int
-
-    def all_gather(self, record: np.ndarray) -> list[np.ndarray]:
-        """Every rank's record (same length everywhere), in rank order."""
-        ...
-
-    def gather(self, record: np.ndarray, dst: int) -> list[np.ndarray] | None:
-        """Every rank's record on ``dst`` (rank order), ``None`` elsewhere."""
-        ...
-
-    def broadcast(self, record: np.ndarray, src: int) -> np.ndarray:
-        """``src``'s record on every rank."""
-        ...
-
-    def scatter(self, records: Sequence[np.ndarray] | None, src: int, size: int) -> np.ndarray:
-        """Rank ``i`` gets ``records[i]`` (``size`` bytes each) from ``src``; the others pass ``None``."""
-        ...
-
-    def exchange(self, sends: Mapping[int, np.ndarray], recvs: Mapping[int, np.ndarray]) -> None:
-        """Send ``sends[r]`` to rank ``r`` and fill ``recvs[r]`` from rank ``r``; every length is known."""
-        ...
-
-    def post(self, sends: Moves, recvs: Moves) -> Pending:
-        """Start the sends and receives of ``(peer, array)`` pairs; the returned function finishes them."""
-        ...
+# -- headers ------------------------------------------------------------------------------------
 
 
-Answer = Callable[[list[np.ndarray]], np.ndarray]
-
-
-@runtime_checkable
-class Answering(Protocol):
-    """A :class:`Channel` that runs :func:`gather_answer` a way of its own (optional)."""
-
-    def gather_answer(
-        self, record: np.ndarray, dst: int, answer: Answer, size: int
-    ) -> tuple[list[np.ndarray] | None, np.ndarray]: ...
-
-
-def gather_answer(
-    channel: Channel, record: np.ndarray, dst: int, answer: Answer, size: int
-) -> tuple[list[np.ndarray] | None, np.ndarray]:
-    """Every rank's record to ``dst``, and what ``answer`` makes of them there (``size`` bytes) back
-    to every rank: (the records on ``dst``, else ``None``; the answer). The channel's own way where
-    it has one (:class:`Answering`), else :func:`gather_then_broadcast`."""
-    if isinstance(channel, Answering):
-        return channel.gather_answer(record, dst, answer, size)
-    return gather_then_broadcast(channel, record, dst, answer, size)
-
-
-def gather_then_broadcast(
-    channel: Channel, record: np.ndarray, dst: int, answer: Answer, size: int
-) -> tuple[list[np.ndarray] | None, np.ndarray]:
-    """:func:`gather_answer` as the channel's gather, then its broadcast of the answer."""
-    rows = channel.gather(record, dst)
-    reply = answer(rows) if rows is not None else np.empty(size, dtype=np.uint8)
-    return rows, channel.broadcast(reply, dst)
-
-
-Work = Any
-Waiter = Callable[[Sequence[Work]], None]
-
-
-class PrimitiveChannel:
-    """A :class:`Channel` over a communicator's tensor primitives (uint8 CPU tensors).
-
-    ``all_gather(outputs, tensor)``, ``broadcast(tensor, src)``, ``isend(tensor, dst, tag)`` and
-    ``irecv(tensor, src, tag)`` start operations; ``wait(works)`` finishes them.
-    """
-
-    def __init__(
-        self,
-        rank: int,
-        world_size: int,
-        all_gather: Callable[[list[torch.Tensor], torch.Tensor], Work],
-        broadcast: Callable[[torch.Tensor, int], Work],
-        isend: Callable[[torch.Tensor, int, int], Work],
-        irecv: Callable[[torch.Tensor, int, int], Work],
-        wait: Waiter,
-    ) -> None:
-        self.rank, self.world_size = rank, world_size
-        self._all_gather, self._broadcast, self._isend, self._irecv, self._wait = (
-            all_gather,
-            broadcast,
-            isend,
-            irecv,
-            wait,
-        )
-
-    def all_gather(self, record: np.ndarray) -> list[np.ndarray]:
-        outputs = [torch.empty(record.size, dtype=torch.uint8) for _ in range(self.world_size)]
-        self._wait([self._all_gather(outputs, torch.from_numpy(record))])
-        return [output.numpy() for output in outputs]
-
-    def gather(self, record: np.ndarray, dst: int) -> list[np.ndarray] | None:
-        rows = self.all_gather(record)
-        return rows if self.rank == dst else None
-
-    def broadcast(self, record: np.ndarray, src: int) -> np.ndarray:
-        tensor = torch.from_numpy(record.copy())
-        self._wait([self._broadcast(tensor, src)])
-        return tensor.numpy()
-
-    def scatter(self, records: Sequence[np.ndarray] | None, src: int, size: int) -> np.ndarray:
-        if self.rank != src:
-            received = np.empty(size, dtype=np.uint8)
-            self.exchange({}, {src: received})
-            return received
-        assert records is not None
-        self.exchange({r: records[r] for r in range(self.world_size) if r != src}, {})
-        return records[src]
-
-    def exchange(self, sends: Mapping[int, np.ndarray], recvs: Mapping[int, np.ndarray]) -> None:
-        if sends or recvs:
-            self.post(list(sends.items()), list(recvs.items()))()
-
-    def post(self, sends: Moves, recvs: Moves) -> Pending:
-        # receives first, so no send waits for a receive that was never posted
-        works = [self._irecv(torch.from_numpy(a), r, TRANSFER_TAG) for r, a in recvs]
-        works += [self._isend(torch.from_numpy(a), r, TRANSFER_TAG) for r, a in sends]
-        return lambda: self._wait(works)
-
-
-# -- records ------------------------------------------------------------------------------------
-
-
-class Record:
-    """A parsed record: what one rank announced."""
+class Header:
+    """A parsed header: what one rank announced."""
 
     __slots__ = ("chunk", "kind", "length", "raw")
 
@@ -234,49 +97,49 @@ class Record:
         return bool(self.kind == LARGE)
 
     def incoming(self, frame: np.ndarray) -> Chunks:
-        """The chunks the sender of this record sends ``frame`` in."""
+        """The chunks the sender of this header sends ``frame`` in."""
         return chunks_of(frame, self.chunk)
 
     def failure(self) -> RemoteFailure | None:
-        """The failure this record reports (naming the rank it came from), if it reports one."""
+        """The failure this header reports (naming the rank it came from), if it reports one."""
         return RemoteFailure.from_json(bytes(self.inline)) if self.kind == FAILED else None
 
 
-def empty_record() -> np.ndarray:
-    return np.zeros(RECORD_BYTES, dtype=np.uint8)
+def empty_header() -> np.ndarray:
+    return np.zeros(HEADER_BYTES, dtype=np.uint8)
 
 
-def _record(kind: int, payload: np.ndarray | bytes) -> np.ndarray:
-    out = np.zeros(RECORD_BYTES, dtype=np.uint8)
+def _header(kind: int, payload: np.ndarray | bytes) -> np.ndarray:
+    out = np.zeros(HEADER_BYTES, dtype=np.uint8)
     data = np.frombuffer(payload, dtype=np.uint8) if isinstance(payload, bytes) else payload
     _HEAD.pack_into(out.data, 0, kind, data.size, 0)
     out[_HEAD.size : _HEAD.size + data.size] = data
     return out
 
 
-def frame_record(length: int, chunk: int, inline: Callable[[], np.ndarray]) -> np.ndarray:
-    """A record announcing a frame of ``length`` bytes: inline (``inline()`` builds it) when it fits."""
+def frame_header(length: int, chunk: int, inline: Callable[[], np.ndarray]) -> np.ndarray:
+    """A header announcing a frame of ``length`` bytes: inline (``inline()`` builds it) when it fits."""
     if length <= INLINE_BYTES:
-        return _record(INLINE, inline())
-    out = np.zeros(RECORD_BYTES, dtype=np.uint8)
+        return _header(INLINE, inline())
+    out = np.zeros(HEADER_BYTES, dtype=np.uint8)
     _HEAD.pack_into(out.data, 0, LARGE, length, chunk)
     return out
 
 
-def failure_record(failure: RemoteFailure) -> np.ndarray:
-    """A record reporting ``failure`` (its traceback cut to fit)."""
-    return _record(FAILED, failure.to_json(INLINE_BYTES))
+def failure_header(failure: RemoteFailure) -> np.ndarray:
+    """A header reporting ``failure`` (its traceback cut to fit)."""
+    return _header(FAILED, failure.to_json(INLINE_BYTES))
 
 
-def check_records(rows: Sequence[np.ndarray], own_error: BaseException | None, where: str) -> list[Record]:
-    """Parse records; raise this rank's own error, or a ``RemoteError`` naming every failed rank."""
-    records = [Record(row) for row in rows]
+def check_headers(rows: Sequence[np.ndarray], own_error: BaseException | None, where: str) -> list[Header]:
+    """Parse headers; raise this rank's own error, or a ``RemoteError`` naming every failed rank."""
+    headers = [Header(row) for row in rows]
     if own_error is not None:
         raise own_error
-    failures = [f for rec in records if (f := rec.failure()) is not None]
+    failures = [f for rec in headers if (f := rec.failure()) is not None]
     if failures:
         raise RemoteError(failures, context=where)
-    return records
+    return headers
 
 
 # -- encoding and the collectives -----------------------------------------------------------------
@@ -309,17 +172,17 @@ class Port:
     event: Event | None = None  # the running operation's: serialisation time and bytes go there
 
     def encode(self, obj: Any, where: str) -> tuple[Outgoing, np.ndarray, BaseException | None]:
-        """(frame, record, error): a failing encoder becomes a failure record, not a hang."""
+        """(frame, header, error): a failing encoder becomes a failure header, not a hang."""
         started = time.perf_counter()
         try:
             frame = Outgoing(self.codec.encode(obj), chunk_size(self.buffer_bytes))
-            record = frame_record(frame.nbytes, frame.chunk, frame.build)
+            header = frame_header(frame.nbytes, frame.chunk, frame.build)
         except Exception as error:  # noqa: BLE001 - every encoding failure must reach the peers
-            return _NOTHING, failure_record(RemoteFailure.of(self.channel.rank, error, where)), error
+            return _NOTHING, failure_header(RemoteFailure.of(self.channel.rank, error, where)), error
         if self.event is not None:
             self.event.serialize += time.perf_counter() - started
             self.event.sent += frame.nbytes
-        return frame, record, None
+        return frame, header, None
 
     def decode(self, data: memoryview, sender: int) -> Any:
         if not data.nbytes:  # an encoded object is never empty: the sender is in another collective
@@ -345,15 +208,15 @@ class Port:
                 self.event.deserialize += time.perf_counter() - started
                 self.event.received += data.nbytes
 
-    def receive(self, record: Record, sender: int) -> Any:
-        """The object ``record`` announced: inline, or fetched from ``sender`` point to point."""
-        if not record.is_large:
-            return self.decode(record.inline, sender)
-        data = np.empty(record.length, dtype=np.uint8)
-        stream(self.channel, [], [(sender, record.incoming(data))])
+    def receive(self, header: Header, sender: int) -> Any:
+        """The object ``header`` announced: inline, or fetched from ``sender`` point to point."""
+        if not header.is_large:
+            return self.decode(header.inline, sender)
+        data = np.empty(header.length, dtype=np.uint8)
+        stream(self.channel, [], [(sender, header.incoming(data))])
         return self.decode(data.data, sender)
 
-    def decode_all(self, records: Sequence[Record], frames: Mapping[int, np.ndarray], own: T) -> list[T]:
+    def decode_all(self, headers: Sequence[Header], frames: Mapping[int, np.ndarray], own: T) -> list[T]:
         """Every rank's object; this rank's own is the object itself (as in one process), not a copy.
 
         The garbage collector pauses while an object is decoded: unpickling many small containers
@@ -363,27 +226,27 @@ class Port:
         me = self.channel.rank
         return [
             own if r == me else self.decode(frames[r].data if rec.is_large else rec.inline, r)
-            for r, rec in enumerate(records)
+            for r, rec in enumerate(headers)
         ]
 
     def all_gather_object(self, obj: T) -> list[T]:
         where, channel = "all_gather_object", self.channel
-        frame, record, error = self.encode(obj, where)
-        records = check_records(channel.all_gather(record), error, where)
-        frames = _large_frames(records, channel.rank)
-        _ring(channel, records, frame.chunks, frames)
-        return self.decode_all(records, frames, own=obj)
+        frame, header, error = self.encode(obj, where)
+        headers = check_headers(channel.all_gather(header), error, where)
+        frames = _large_frames(headers, channel.rank)
+        _ring(channel, headers, frame.chunks, frames)
+        return self.decode_all(headers, frames, own=obj)
 
     def gather_object(self, obj: T, dst: int) -> list[T] | None:
         where, channel = "gather_object", self.channel
-        frame, record, error = self.encode(obj, where)
-        mine = Record(record)
+        frame, header, error = self.encode(obj, where)
+        mine = Header(header)
         # A frame of one chunk goes before the verdict, overlapping it; it is received (and waited
         # for on both sides) whatever the verdict, so no transfer is ever left behind.
         single = channel.rank != dst and mine.is_large and mine.length <= mine.chunk
         sent = channel.post([(dst, next(frame.chunks()))], []) if single else None
         arrivals = _Arrivals(channel, dst)
-        received = Record(gather_answer(channel, record, dst, arrivals.verdict, RECORD_BYTES)[1]).failure()
+        received = Header(gather_answer(channel, header, dst, arrivals.verdict, HEADER_BYTES)[1]).failure()
         for done in (sent, arrivals.early):
             if done is not None:
                 done()
@@ -395,15 +258,15 @@ class Port:
             if mine.is_large and not single:
                 stream(channel, [((dst,), frame.chunks())], [])
             return None
-        records, frames = arrivals.records, arrivals.frames
-        rest = [(r, records[r].incoming(data)) for r, data in frames.items() if data.size > records[r].chunk]
+        headers, frames = arrivals.headers, arrivals.frames
+        rest = [(r, headers[r].incoming(data)) for r, data in frames.items() if data.size > headers[r].chunk]
         stream(channel, [], rest)
-        return self.decode_all(records, frames, own=obj)
+        return self.decode_all(headers, frames, own=obj)
 
     def broadcast_object(self, obj: T, src: int) -> T:
         where, channel = "broadcast_object", self.channel
-        frame, record, error = self.encode(obj, where) if channel.rank == src else (_NOTHING, empty_record(), None)
-        received = check_records([channel.broadcast(record, src)], error, where)[0]
+        frame, header, error = self.encode(obj, where) if channel.rank == src else (_NOTHING, empty_header(), None)
+        received = check_headers([channel.broadcast(header, src)], error, where)[0]
         small = received.is_large and received.length <= SMALL_FRAME_BYTES
         if channel.rank == src:
             if small:
@@ -423,59 +286,59 @@ class Port:
         error: BaseException | None = None
         if channel.rank == src:
             frames, rows, error = _encode_each(self, objects, where)
-        received = check_records([channel.scatter(rows, src, RECORD_BYTES)], error, where)[0]
+        received = check_headers([channel.scatter(rows, src, HEADER_BYTES)], error, where)[0]
         if channel.rank == src:
             assert rows is not None and objects is not None
             for peer in range(channel.world_size):
-                if peer != src and Record(rows[peer]).is_large:
+                if peer != src and Header(rows[peer]).is_large:
                     stream(channel, [((peer,), frames[peer].chunks())], [])
             return objects[src]
         return self.receive(received, src)  # type: ignore[no-any-return]
 
     def send_object(self, obj: Any, dst: int) -> None:
-        frame, record, error = self.encode(obj, "send_object")
-        self.channel.exchange({dst: record}, {})
+        frame, header, error = self.encode(obj, "send_object")
+        self.channel.exchange({dst: header}, {})
         if error is not None:
             raise error
-        if Record(record).is_large:
+        if Header(header).is_large:
             stream(self.channel, [((dst,), frame.chunks())], [])
 
     def recv_object(self, src: int) -> Any:
-        raw = np.empty(RECORD_BYTES, dtype=np.uint8)
+        raw = np.empty(HEADER_BYTES, dtype=np.uint8)
         self.channel.exchange({}, {src: raw})
-        return self.receive(check_records([raw], None, "send_object")[0], src)
+        return self.receive(check_headers([raw], None, "send_object")[0], src)
 
 
 _NOTHING = Outgoing([memoryview(b"")], 64)
 
 
 class _Arrivals:
-    """What gather_object's ``dst`` makes of the records: their frames, the receives of one-chunk
+    """What gather_object's ``dst`` makes of the headers: their frames, the receives of one-chunk
     frames posted at once (they overlap the verdict), and the verdict, which passes the first
-    failure on so that every rank raises (only ``dst`` saw every record)."""
+    failure on so that every rank raises (only ``dst`` saw every header)."""
 
     def __init__(self, channel: Channel, dst: int) -> None:
         self.channel, self.dst = channel, dst
-        self.records: list[Record] = []
+        self.headers: list[Header] = []
         self.frames: dict[int, np.ndarray] = {}
         self.early: Pending | None = None
 
     def verdict(self, rows: list[np.ndarray]) -> np.ndarray:
-        records = self.records = [Record(row) for row in rows]
-        frames = self.frames = _large_frames(records, self.dst)
-        early = [(r, data) for r, data in frames.items() if data.size <= records[r].chunk]
+        headers = self.headers = [Header(row) for row in rows]
+        frames = self.frames = _large_frames(headers, self.dst)
+        early = [(r, data) for r, data in frames.items() if data.size <= headers[r].chunk]
         self.early = self.channel.post([], early) if early else None
-        failures = [f for rec in records if (f := rec.failure()) is not None]
-        return failure_record(failures[0]) if failures else empty_record()
+        failures = [f for rec in headers if (f := rec.failure()) is not None]
+        return failure_header(failures[0]) if failures else empty_header()
 
 
-def _large_frames(records: Sequence[Record], skip: int) -> dict[int, np.ndarray]:
-    return {r: np.empty(rec.length, dtype=np.uint8) for r, rec in enumerate(records) if rec.is_large and r != skip}
+def _large_frames(headers: Sequence[Header], skip: int) -> dict[int, np.ndarray]:
+    return {r: np.empty(rec.length, dtype=np.uint8) for r, rec in enumerate(headers) if rec.is_large and r != skip}
 
 
 def _ring(
     channel: Channel,
-    records: Sequence[Record],
+    headers: Sequence[Header],
     own: Callable[[], Chunks],
     frames: Mapping[int, np.ndarray],
 ) -> None:
@@ -488,21 +351,21 @@ def _ring(
     rank, world = channel.rank, channel.world_size
     if world == 1:  # no other rank: the next one would be this one
         return
-    at_once = world <= AT_ONCE_RANKS and all(rec.length <= AT_ONCE_BYTES for rec in records if rec.is_large)
+    at_once = world <= AT_ONCE_RANKS and all(rec.length <= AT_ONCE_BYTES for rec in headers if rec.is_large)
     if at_once:  # latency over bandwidth
-        sends = [(tuple(r for r in range(world) if r != rank), own())] if records[rank].is_large else []
-        stream(channel, sends, [(r, records[r].incoming(data)) for r, data in frames.items()])
+        sends = [(tuple(r for r in range(world) if r != rank), own())] if headers[rank].is_large else []
+        stream(channel, sends, [(r, headers[r].incoming(data)) for r, data in frames.items()])
         return
     after, before = (rank + 1) % world, (rank - 1) % world
     # Frames arrive from `before` in the order it sends them: its own, then what it passes on.
-    arriving = [(r, records[r]) for r in ((rank - 1 - step) % world for step in range(world - 1))]
+    arriving = [(r, headers[r]) for r in ((rank - 1 - step) % world for step in range(world - 1))]
     chunks = [
         (r, chunk, channel.post([], [(before, chunk)]))
         for r, rec in arriving
         if rec.is_large
         for chunk in rec.incoming(frames[r])
     ]
-    sent = post_stream(channel, (after,), own()) if records[rank].is_large else []
+    sent = post_stream(channel, (after,), own()) if headers[rank].is_large else []
     for r, chunk, received in chunks:
         received()
         if r != after:  # the next rank's own frame has been around the ring
@@ -522,29 +385,29 @@ def check_scatter_list(objects: Sequence[T] | None, world_size: int) -> Sequence
 def _encode_each(
     port: Port, objects: Sequence[Any] | None, where: str
 ) -> tuple[list[Outgoing], list[np.ndarray], BaseException | None]:
-    """Frames and records for a scatter; on any failure, the failure record for every rank."""
+    """Frames and headers for a scatter; on any failure, the failure header for every rank."""
     world = port.channel.world_size
     try:
         items = check_scatter_list(objects, world)
     except ValueError as error:
-        return [], [failure_record(RemoteFailure.of(port.channel.rank, error, where))] * world, error
+        return [], [failure_header(RemoteFailure.of(port.channel.rank, error, where))] * world, error
     frames, rows = [], []
     for item in items:
-        frame, record, item_error = port.encode(item, where)
+        frame, header, item_error = port.encode(item, where)
         if item_error is not None:
-            return [], [record] * world, item_error
+            return [], [header] * world, item_error
         frames.append(frame)
-        rows.append(record)
+        rows.append(header)
     return frames, rows, None
 
 
 def all_gather_bytes(channel: Channel, data: bytes) -> list[bytes]:
-    """Every rank's ``data``, whatever its length: inline in the records when it fits."""
+    """Every rank's ``data``, whatever its length: inline in the headers when it fits."""
     frame = np.frombuffer(bytearray(data), dtype=np.uint8)
     chunk = chunk_size(DEFAULT_BUFFER_BYTES)
-    records = [Record(row) for row in channel.all_gather(frame_record(frame.size, chunk, lambda: frame))]
-    frames = _large_frames(records, channel.rank)
-    _ring(channel, records, lambda: chunks_of(frame, chunk), frames)
+    headers = [Header(row) for row in channel.all_gather(frame_header(frame.size, chunk, lambda: frame))]
+    frames = _large_frames(headers, channel.rank)
+    _ring(channel, headers, lambda: chunks_of(frame, chunk), frames)
     return [
-        data if r == channel.rank else bytes(frames[r] if rec.is_large else rec.inline) for r, rec in enumerate(records)
+        data if r == channel.rank else bytes(frames[r] if rec.is_large else rec.inline) for r, rec in enumerate(headers)
     ]

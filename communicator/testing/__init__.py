@@ -13,7 +13,7 @@ assert run_ranks(check, 3) == [[0, 1, 2]] * 3
 
 or as a pytest plugin (``pytest_plugins = ["communicator.pytest_plugin"]``): mark a test with
 ``@pytest.mark.world_size(1, 2, 4)`` and take the ``world_size`` and ``run`` fixtures; a world of
-one runs in this process with a :class:`~communicator.nondist.NonDistComm`, so the same test
+one runs in this process with a :class:`~communicator.transports.nondist.NonDistComm`, so the same test
 checks both classes.
 
 ``check_communicator(run, world_sizes)`` (see :mod:`communicator.testing.conformance`) is the conformance
@@ -26,9 +26,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from communicator.config import CommConfig, ConfigLike
-from communicator.nondist import NonDistComm
-from communicator.spawn import launch
 from communicator.testing.conformance import check_communicator
+from communicator.testing.spawn import launch
+from communicator.transports.nondist import NonDistComm
 
 __all__ = ["DEFAULT_TIMEOUT", "check_communicator", "run_ranks", "run_single"]
 

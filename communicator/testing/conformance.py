@@ -27,7 +27,7 @@ from communicator.check.catalogue import CHECKS
 from communicator.check.runner import run_checks
 from communicator.check.values import COMBINE, REDUCE_INPUT, factors
 from communicator.errors import CommError, CommTimeoutError, RemoteError
-from communicator.ops import REDUCE_OPS, WIRE_DTYPES, check_op_dtype
+from communicator.reductions import REDUCE_OPS, WIRE_DTYPES, check_op_dtype
 
 __all__ = ["Runner", "check_communicator"]
 

@@ -11,7 +11,7 @@ import pytest
 from doc_snippets import README, ROOT, Snippet, all_snippets, pages, snippets, stray_python_fences
 
 from communicator.launchers import launcher_variables
-from communicator.spawn import free_port
+from communicator.testing.spawn import free_port
 
 SNIPPETS = [s for s in all_snippets() if not s.is_include]
 SCRIPT_TIMEOUT = 240

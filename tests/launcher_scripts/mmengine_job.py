@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node 2 tests/launcher_scripts/mmengine_job.py WORK_DIR
 
-Each rank trains and validates (``tests/test_mmengine_runner.py``'s ``train``: ``SyncBuffersHook``
+Each rank trains and validates (``tests/compat/test_mmengine_runner.py``'s ``train``: ``SyncBuffersHook``
 and an ``Evaluator`` metric) and prints ``RESULT <rank> <json>``.
 """
 
@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests folder
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "compat"))  # the test it runs
 
 from test_mmengine_runner import train
 

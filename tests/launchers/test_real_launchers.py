@@ -25,7 +25,7 @@ import pytest
 
 from communicator.check import CHECKS, DEFAULT_SIZES
 from communicator.launchers import LAUNCHERS
-from communicator.spawn import free_port
+from communicator.testing.spawn import free_port
 
 pytestmark = pytest.mark.launchers
 
