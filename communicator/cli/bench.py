@@ -1,253 +1,49 @@
-"""``communicator bench``: object and tensor collectives against torch.distributed and mmengine.dist,
-and the cost of one small call (the ``overhead`` case), at one or several world sizes."""
+"""``communicator bench``: run the benchmarks of a source checkout (``benchmarks/`` beside the package).
+
+The studies behind the performance page (object and tensor collectives against torch.distributed,
+mmengine.dist and the physical floor, the cost of one small call, DDP step times, the control plane
+at scale) live in the repository's ``benchmarks/`` package, outside the wheel; this command finds it
+and hands it its arguments. An installed wheel without a checkout says where to get it.
+"""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
+import importlib
 import sys
-from collections.abc import Callable, Sequence
-
-from communicator.bench import control_plane, recovery
-from communicator.bench.cases import CASE_NAMES
-from communicator.bench.measured import CaseRun, all_correct
-from communicator.bench.overhead import CALLS, format_overhead, run_overhead
-from communicator.bench.payloads import FULL, QUICK
-from communicator.bench.phases import format_phases
-from communicator.bench.record import cases_record, environment, world_record
-from communicator.bench.run import Plan, run_benchmark
-from communicator.bench.scaling import format_scaling, oversubscribed
-from communicator.bench.table import format_errors, format_table, format_targets
-from communicator.bench.targets import evaluate
-from communicator.errors import CommError, RemoteError
+from pathlib import Path
+from types import ModuleType
 
 __all__ = ["add_arguments", "run"]
 
-OVERHEAD = "overhead"
-# The peers' 64 MiB calls take seconds each: three rounds keep a default run near five minutes on 2 cores.
-DEFAULT_REPEAT = 3
-QUICK_REPEAT = 2
-# Where a target's interval straddles it, its calls run more rounds, up to this many times --repeat
-# (and the overhead rows up to this many times --rounds): never a verdict from a few noisy rounds.
-MAX_FACTOR = 3
-QUICK_ROUNDS = 5  # the overhead case in a smoke test: the fewest rounds with a 90 % interval
-QUICK_CALLS = 20  # and short blocks
-# Rounds of 1,000 calls: about 2 minutes for the overhead case at world size 2 on 2 cores.
-DEFAULT_ROUNDS = 15
-# A sample of a short call lasts at least this long (a smoke test takes single calls).
-MIN_SAMPLE_SECONDS = 0.2
+#: Where the benchmarks are, relative to the package's folder: its repository's root.
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 
-def _at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        value = int(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer of at least {minimum}, got {text}")
-        return value
-
-    return parse
-
-
-CONTROL_PLANE = "control-plane"
-RECOVERY = "recovery"
+def _studies() -> ModuleType | None:
+    """``benchmarks.cli`` of this package's checkout, or ``None`` for an installed wheel."""
+    if not (CHECKOUT / "benchmarks" / "cli.py").is_file():
+        return None
+    if str(CHECKOUT) not in sys.path:
+        sys.path.insert(0, str(CHECKOUT))  # the ranks the benchmarks start inherit the path
+    return importlib.import_module("benchmarks.cli")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--world-size",
-        nargs="+",
-        type=_at_least(2),
-        default=[4],
-        metavar="N",
-        help="local gloo ranks to start (default 4); with several, each runs in turn on ranks started afresh",
-    )
-    parser.add_argument(
-        "--repeat",
-        type=_at_least(1),
-        default=None,
-        help=f"timed rounds of every call (default {DEFAULT_REPEAT}, {QUICK_REPEAT} with --quick)",
-    )
-    parser.add_argument(
-        "--cases",
-        nargs="+",
-        choices=(*CASE_NAMES, OVERHEAD, CONTROL_PLANE, RECOVERY),
-        default=[*CASE_NAMES, OVERHEAD],
-        metavar="CASE",
-        help=f"cases to run (default all: {' '.join(CASE_NAMES)} {OVERHEAD}; also {CONTROL_PLANE}: the control"
-        f" plane's store requests for virtual ranks; {RECOVERY}: a rank killed, the survivors shrink)",
-    )
-    parser.add_argument(
-        "--ranks",
-        nargs="+",
-        type=_at_least(2),
-        default=list(control_plane.SIZES),
-        help="virtual ranks of the control-plane case (default 64 1024 10000)",
-    )
-    parser.add_argument("--plot", metavar="PATH", help="control-plane case: also draw the requests against ranks here")
-    parser.add_argument(
-        "--real-store",
-        action="store_true",
-        help="control-plane case: also time the requests against a real TCPStore server",
-    )
-    parser.add_argument(
-        "--max-repeat",
-        type=_at_least(1),
-        default=None,
-        help=f"rounds, at most, of the calls of a target whose interval straddles it (default {MAX_FACTOR}"
-        " times --repeat; none with --quick)",
-    )
-    parser.add_argument(
-        "--rounds",
-        type=_at_least(1),
-        default=DEFAULT_ROUNDS,
-        help=f"rounds of the overhead case, each a block of {CALLS} calls of either side (default {DEFAULT_ROUNDS})",
-    )
-    parser.add_argument(
-        "--max-rounds",
-        type=_at_least(1),
-        default=None,
-        help=f"overhead case: rounds, at most, of a row whose interval straddles its target (default {MAX_FACTOR}"
-        f" times --rounds; {QUICK_ROUNDS} with --quick)",
-    )
-    parser.add_argument("--json", metavar="PATH", help="also write every median, raw time, check and target here")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help=f"small payloads, 2 rounds, single calls, {QUICK_ROUNDS} overhead rounds of {QUICK_CALLS} calls: a smoke"
-        " test (about 15 s on 2 cores)",
-    )
-    parser.add_argument(
-        "--array-mib",
-        type=_at_least(1),
-        default=None,
-        help="MiB of arrays per rank in the arrays, tensors and unequal cases (default 64; the unequal case's"
-        " small ranks get 1/16 of it): smaller payloads for many ranks on one machine",
-    )
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before the ranks are stopped")
-    parser.add_argument(
-        "--stats",
-        action="store_true",
-        help="print rank 0's statistics of this library's calls in the cases (comm.stats(); not the overhead case)",
-    )
-
-
-def _print_report(runs: Sequence[CaseRun], quick: bool) -> None:
-    print(format_table(runs))
-    errors = format_errors(runs)
-    if errors:
-        print(f"\n{errors}")
-    if quick:  # the targets are set for the full payloads: small ones would only produce noise
-        print("\ntargets: not judged in a --quick run (they are set for the full payloads)")
-    else:
-        outcomes = evaluate(runs)
-        if outcomes:
-            print(
-                "\ntargets: the median of the rounds' ratios [90 % confidence interval]; met or missed only where the"
-                f" interval lies on one side of the target, else within noise\n{format_targets(outcomes)}"
-            )
-    for run in runs:
-        if run.phases:
-            print(f"\n{format_phases(run.case, run.phases, len(run.bytes_per_rank))}")
-
-
-def _world(world_size: int) -> str:
-    """``world size N``, and whether its ranks outnumber the cores."""
-    crowded = oversubscribed(world_size)
-    return f"world size {world_size}" + (f", {crowded}" if crowded else "")
-
-
-def _cases(plan: Plan, args: argparse.Namespace) -> list[CaseRun]:
-    runs, statistics = run_benchmark(plan, args.timeout)
-    more = f" ({plan.max_repeat} for targets within noise)" if plan.max_repeat > plan.repeat else ""
-    print(f"{_world(plan.world_size)}, median of {plan.repeat} rounds{more}, slowest rank per round")
-    _print_report(runs, args.quick)
-    if statistics is not None:
-        print(f"\nrank 0's operations in the cases, every call (comm.stats())\n{statistics}")
-    return runs
-
-
-def _overhead(world_size: int, args: argparse.Namespace) -> dict[str, object]:
-    rounds = QUICK_ROUNDS if args.quick else args.rounds
-    cap = rounds if args.quick else (args.max_rounds or MAX_FACTOR * rounds)
-    calls = QUICK_CALLS if args.quick else CALLS
-    rows, recording = run_overhead(world_size, rounds, cap, args.timeout, calls)
-    print(format_overhead(rows, recording, world_size, calls))
-    return {
-        "rounds": rounds,
-        "max_rounds": cap,
-        "calls": calls,
-        "recording_us": recording.spread.median,
-        "recording": {**dataclasses.asdict(recording.spread), "verdict": recording.verdict},
-        "rows": [{**dataclasses.asdict(row), "ratio": row.ratio, "verdict": row.verdict} for row in rows],
-    }
-
-
-def _first_failure(error: CommError) -> str:
-    """The first failed rank's report: the others usually only echo it."""
-    if isinstance(error, RemoteError):
-        others = len(error.failures) - 1
-        return f"{error.failures[0]}" + (f" (and {others} more reports from the ranks)" if others else "")
-    return str(error)
+    studies = _studies()
+    if studies is not None:
+        studies.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    sizes = list(dict.fromkeys(args.world_size))
-    repeat = args.repeat or (QUICK_REPEAT if args.quick else DEFAULT_REPEAT)
-    cases = tuple(name for name in CASE_NAMES if name in args.cases)
-    max_repeat = 0 if args.quick else (args.max_repeat or MAX_FACTOR * repeat)
-    payloads = QUICK if args.quick else FULL
-    if args.array_mib is not None:
-        array_bytes = args.array_mib * 2**20
-        payloads = dataclasses.replace(payloads, array_bytes=array_bytes, unequal_small_bytes=array_bytes // 16)
-    sample = 0.0 if args.quick else MIN_SAMPLE_SECONDS
-    record: dict[str, object] = {
-        "world_sizes": sizes,
-        "repeat": repeat,
-        "max_repeat": max_repeat,
-        "quick": args.quick,
-        "array_bytes": payloads.array_bytes,
-        "environment": environment(),
-    }
-    worlds = {size: world_record(size) for size in sizes}
-    runs: dict[int, list[CaseRun]] = {}
-    if CONTROL_PLANE in args.cases:  # virtual ranks in this process: no world size
-        results = control_plane.run(args.ranks)
-        if args.real_store:
-            results += control_plane.run(args.ranks, real=True)
-        print("the control plane, virtual ranks (requests counted; times against a TCPStore with --real-store)")
-        print(control_plane.format_table(results))
-        if args.plot:
-            control_plane.plot(results, args.plot)
-        record[CONTROL_PLANE] = [{**dataclasses.asdict(r), "knows_within": r.knows_within} for r in results]
-    try:
-        if RECOVERY in args.cases:
-            rounds = 2 if args.quick else (args.repeat or 5)
-            recovered = [recovery.run(size, rounds, args.timeout) for size in sizes]
-            print(f"a rank killed, the survivors shrink: seconds from the death, median of {rounds} rounds")
-            print(recovery.format_table(recovered))
-            for result in recovered:
-                worlds[result.world_size][RECOVERY] = dataclasses.asdict(result)
-        for index, size in enumerate(sizes):
-            if cases:
-                if index:
-                    print()
-                plan = Plan(size, repeat, cases, payloads, sample, args.stats, max_repeat)
-                runs[size] = _cases(plan, args)
-                worlds[size].update(cases_record(runs[size], args.quick))
-            if OVERHEAD in args.cases:
-                if cases or index:
-                    print()
-                worlds[size][OVERHEAD] = _overhead(size, args)
-        scaling = format_scaling(runs) if len(runs) > 1 else ""
-        if scaling:
-            print(f"\n{scaling}")
-    except CommError as error:
-        print(f"communicator bench: the ranks failed: {_first_failure(error)}", file=sys.stderr)
-        return 1
-    correct = all(all_correct(case_runs) for case_runs in runs.values())
-    record = {**record, "all_correct": correct, "worlds": list(worlds.values())}
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(record, out, indent=1)
-    return 0 if correct else 1
+    studies = _studies()
+    if studies is None:
+        print(
+            "communicator bench runs the benchmarks of a source checkout (its benchmarks/ folder, not part of "
+            f"the installed package at {CHECKOUT}): clone the repository, install it with pip install -e "
+            "'.[bench]' and run communicator bench there",
+            file=sys.stderr,
+        )
+        return 2
+    code: int = studies.run(args)
+    return code

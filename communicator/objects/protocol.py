@@ -68,8 +68,8 @@ _HEAD = struct.Struct("<BxxxxxxxQQ")  # kind, length, the sender's chunk size
 INLINE_BYTES = HEADER_BYTES - _HEAD.size
 #: all_gather_object sends frames up to this size to every rank at once, larger ones around a ring;
 AT_ONCE_BYTES = 1024 * 1024
-#: and beyond this many ranks, every frame around the ring: with 16 ranks on 2 cores, 240 streams at
-#: once took 8 times the ring's time (1.3 times at 8 ranks).
+#: and beyond this many ranks, every frame around the ring: N ranks sending to every other at once run
+#: N * (N - 1) streams, which overwhelm a host's cores (docs/objects.md has the measurement).
 AT_ONCE_RANKS = 8
 #: broadcast_object sends frames up to this size in a second broadcast, larger ones point to point.
 SMALL_FRAME_BYTES = 1024 * 1024

@@ -26,20 +26,16 @@ from communicator.transports.torch_options import broadcast_options, gather_opti
 __all__ = ["GATHER_BROADCAST_RANKS", "POINT_TO_POINT_CPUS", "POINT_TO_POINT_RANKS", "TorchChannel", "cut"]
 
 # From 3 up to this many ranks, headers from one rank to the others (broadcast, scatter) or from
-# the others to one rank (gather) go point to point, every transfer at once: at 4 ranks on 2
-# cores, 0.40 ms a small broadcast_object where gloo's broadcast took 1.02 ms, 0.88 ms a small
-# gather_object against 1.34. Beyond, a rank would post a transfer per rank.
+# the others to one rank (gather) go point to point, every transfer at once, which beat gloo's
+# collectives for small objects; beyond, a rank would post a transfer per rank.
 POINT_TO_POINT_RANKS = 8
 # At 2 ranks, headers go point to point where every rank has this many CPUs or more per rank of
 # its host, else in gloo's collectives: a transfer's wait costs a thread hand-off (see
-# communicator.control.waiting), which needs a CPU to wake on. 2 ranks on 16 cores, interleaved:
-# point to point took 0.55x to 0.88x the time of a small gather, broadcast or all_gather_object,
-# 0.76x to 0.86x with 2 CPUs per rank (taskset), and 0.68x to 1.28x with one (as on 2 cores).
+# communicator.control.waiting), which needs a CPU to wake on (docs/decisions.md has the runs).
 POINT_TO_POINT_CPUS = 2.0
 # Up to this many ranks, headers are all-gathered by a gather and a broadcast: gloo's ring
-# all_gather takes a step per rank (at 4 ranks on 2 cores, 3.1 ms where the two steps took 1.1 ms;
-# at 2 ranks, a small all_gather_object 0.45 to 0.47 ms against 0.51 to 0.58 in its one step);
-# beyond, the broadcast of every header from one rank would outweigh the steps.
+# all_gather takes a step per rank; beyond, the broadcast of every header from one rank would
+# outweigh the steps (the measurements behind all three: docs/objects.md).
 GATHER_BROADCAST_RANKS = 16
 
 

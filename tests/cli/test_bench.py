@@ -14,19 +14,19 @@ from typing import Any
 import pytest
 import torch
 
-from communicator.bench.cases import CASES, LIST_OPS, OBJECT_OPS
-from communicator.bench.floor import Blocks, floor_valid
-from communicator.bench.measured import CaseRun
-from communicator.bench.ops import FLOOR, FLOOR_FRESH, MMENGINE, OURS, TORCH, build_ops, load_mmengine
-from communicator.bench.overhead import IGNITE, OverheadRow, Recording, format_overhead
-from communicator.bench.phases import Phases, format_phases
-from communicator.bench.scaling import bytes_moved, format_scaling, oversubscribed
-from communicator.bench.spread import MET, MIN_ROUNDS, MISSED, WITHIN_NOISE, Spread, judge, spread_of
-from communicator.bench.table import format_targets
-from communicator.bench.targets import TARGETS, Outcome, evaluate, straddling
-from communicator.bench.timing import Call, Timings
+from benchmarks.cases import CASES, LIST_OPS, OBJECT_OPS
+from benchmarks.cli import add_arguments
+from benchmarks.floor import Blocks, floor_valid
+from benchmarks.measured import CaseRun
+from benchmarks.ops import FLOOR, FLOOR_FRESH, MMENGINE, OURS, TORCH, build_ops, load_mmengine
+from benchmarks.overhead import IGNITE, OverheadRow, Recording, format_overhead
+from benchmarks.phases import Phases, format_phases
+from benchmarks.scaling import bytes_moved, format_scaling, oversubscribed
+from benchmarks.spread import MET, MIN_ROUNDS, MISSED, WITHIN_NOISE, Spread, judge, spread_of
+from benchmarks.table import format_targets
+from benchmarks.targets import TARGETS, Outcome, evaluate, straddling
+from benchmarks.timing import Call, Timings
 from communicator.cli import main
-from communicator.cli.bench import add_arguments
 
 VERDICTS = {MET, MISSED, WITHIN_NOISE}
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import pytest
 from torch._C._distributed_c10d import HashStore
 
 import communicator.control.relay as relay
-from communicator.bench.control_plane import SCENARIOS, Clock, ranks, simulate
+from benchmarks.control_plane import SCENARIOS, Clock, ranks, simulate
 
 # Linear in all, flat per rank: 16 times the ranks may cost at most 16 x 1.25 times the requests.
 GROWTH = 16 * 1.25

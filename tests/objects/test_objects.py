@@ -347,7 +347,7 @@ def _memory_payload(rank: int) -> list[np.ndarray]:
 
 
 def _growth(call: object) -> tuple[int, object]:
-    from communicator.bench.memory import peak_growth_since, peak_growth_start
+    from benchmarks.memory import peak_growth_since, peak_growth_start
 
     start = peak_growth_start()
     result = call()  # type: ignore[operator]
@@ -463,8 +463,8 @@ def record_steps(
     """How the records of one small object ``op`` travel on this rank, under the given limits (``cpus``:
     the CPUs per rank from which 2 ranks go point to point): records sent or received point to point,
     gathers, broadcasts, and the waits for them."""
-    from communicator import torch_channel
     from communicator.arguments import RECORD_TAG
+    from communicator.transports import torch_channel
 
     limits = {
         "POINT_TO_POINT_RANKS": point_to_point_ranks,
@@ -511,7 +511,7 @@ def record_steps(
 
 
 def records_travel(comm: Communicator, cpus_of_rank: list[float]) -> tuple[bool, tuple[object, ...]]:
-    from communicator import torch_channel
+    from communicator.transports import torch_channel
 
     torch_channel.POINT_TO_POINT_CPUS = cpus_of_rank[comm.rank]  # what this rank's host offers, in effect
     every = comm.all_gather_object({"rank": comm.rank})

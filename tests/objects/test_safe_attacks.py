@@ -27,8 +27,8 @@ import pytest
 import torch
 
 from communicator import Communicator
-from communicator.objects import rebuild as rb
 from communicator.objects.codec import Codec
+from communicator.objects.safe import rebuild as rb
 from communicator.objects.safe.serializer import CALLABLES, VALUES, SafeCodec, UnsafePayloadError
 from communicator.testing import run_ranks
 

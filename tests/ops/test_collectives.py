@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from communicator import CollectiveMismatchError, Communicator
+from communicator.check.values import reduced
 from communicator.reductions import REDUCE_OPS
 
 pytestmark = pytest.mark.world_size(1, 2, 3, 4)
@@ -21,26 +22,8 @@ def _value(rank: int) -> int:
 
 
 def _expected(op: str, world: int) -> float:
-    values = [_value(r) for r in range(world)]
-    result: float
-    if op == "sum":
-        result = sum(values)
-    elif op == "mean":
-        result = sum(values) / world
-    elif op == "product":
-        result = 1
-        for v in values:
-            result *= v
-    elif op == "min":
-        result = min(values)
-    elif op == "max":
-        result = max(values)
-    else:
-        acc = values[0]
-        for v in values[1:]:
-            acc = {"band": acc & v, "bor": acc | v, "bxor": acc ^ v}[op]
-        result = acc
-    return result
+    """``op`` across every rank's ``_value``, as the conformance suite computes it (one source)."""
+    return float(reduced(op, lambda rank: torch.tensor(_value(rank)), world).item())
 
 
 def all_reduce_every_op(comm: Communicator) -> bool:

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from communicator.bench.memory import peak_growth_since, peak_growth_start
-from communicator.bench.ops import Context, Impl, Op
-from communicator.bench.spread import MIN_ROUNDS
+from benchmarks.memory import peak_growth_since, peak_growth_start
+from benchmarks.ops import Context, Impl, Op
+from benchmarks.spread import MIN_ROUNDS
 
 __all__ = ["Call", "Timings", "time_case"]
 

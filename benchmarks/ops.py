@@ -18,9 +18,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benchmarks.compare import same_objects, same_reductions
+from benchmarks.floor import FLOOR, FLOOR_FRESH, FLOOR_IMPLS, floor_valid
 from communicator.base import Communicator
-from communicator.bench.compare import same_objects, same_reductions
-from communicator.bench.floor import FLOOR, FLOOR_FRESH, FLOOR_IMPLS, floor_valid
 
 __all__ = [
     "FLOOR",

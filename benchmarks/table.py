@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from communicator.bench.aligned import aligned
-from communicator.bench.measured import CaseRun
-from communicator.bench.ops import FLOOR, FLOOR_FRESH, MMENGINE, MMENGINE_GPU, OURS, OURS_SAFE, TORCH
-from communicator.bench.targets import Outcome
+from benchmarks.aligned import aligned
+from benchmarks.measured import CaseRun
+from benchmarks.ops import FLOOR, FLOOR_FRESH, MMENGINE, MMENGINE_GPU, OURS, OURS_SAFE, TORCH
+from benchmarks.targets import Outcome
 
 __all__ = ["format_errors", "format_table", "format_targets"]
 

@@ -29,11 +29,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benchmarks.aligned import aligned
+from benchmarks.ops import MMENGINE, TORCH, load_mmengine
+from benchmarks.scaling import oversubscribed
+from benchmarks.spread import CONFIDENCE, MIN_ROUNDS, WITHIN_NOISE, Progress, Spread, judge, spread_of
 from communicator.base import Communicator
-from communicator.bench.aligned import aligned
-from communicator.bench.ops import MMENGINE, TORCH, load_mmengine
-from communicator.bench.scaling import oversubscribed
-from communicator.bench.spread import CONFIDENCE, MIN_ROUNDS, WITHIN_NOISE, Progress, Spread, judge, spread_of
 from communicator.guard import CallState
 from communicator.testing.spawn import launch
 

@@ -1,4 +1,4 @@
-"""``communicator bench``: this library's collectives against torch.distributed and mmengine.dist.
+"""The studies behind the performance page, outside the wheel (``communicator bench`` runs them from a checkout).
 
 For each world size asked for, a start of N local gloo ranks runs every case: a payload per rank
 (:mod:`.payloads`, :mod:`.cases`), each op written once per implementation (:mod:`.ops`, the

@@ -6,9 +6,9 @@ import dataclasses
 import statistics
 from collections.abc import Sequence
 
-from communicator.bench.ops import OURS
-from communicator.bench.phases import Phases
-from communicator.bench.timing import Call, Timings
+from benchmarks.ops import OURS
+from benchmarks.phases import Phases
+from benchmarks.timing import Call, Timings
 
 __all__ = ["CaseRun", "all_correct"]
 

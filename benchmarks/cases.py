@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from communicator.bench.payloads import (
+from benchmarks.payloads import (
     Sizes,
     array_items,
     eval_records,

@@ -11,11 +11,11 @@ from typing import Any
 
 import torch
 
-from communicator.bench.floor import FLOOR, FLOOR_FRESH
-from communicator.bench.measured import CaseRun, all_correct
-from communicator.bench.ops import IMPLS, OURS
-from communicator.bench.scaling import bytes_moved, oversubscribed, us_per_mib
-from communicator.bench.targets import RAW, evaluate
+from benchmarks.floor import FLOOR, FLOOR_FRESH
+from benchmarks.measured import CaseRun, all_correct
+from benchmarks.ops import IMPLS, OURS
+from benchmarks.scaling import bytes_moved, oversubscribed, us_per_mib
+from benchmarks.targets import RAW, evaluate
 
 __all__ = ["cases_record", "environment", "world_record"]
 

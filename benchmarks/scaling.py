@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from communicator.bench.aligned import aligned
-from communicator.bench.cases import LIST_OPS
-from communicator.bench.floor import DST, SRC
-from communicator.bench.measured import CaseRun
-from communicator.bench.ops import FLOOR, OURS
+from benchmarks.aligned import aligned
+from benchmarks.cases import LIST_OPS
+from benchmarks.floor import DST, SRC
+from benchmarks.measured import CaseRun
+from benchmarks.ops import FLOOR, OURS
 
 __all__ = ["bytes_moved", "format_scaling", "oversubscribed", "us_per_mib"]
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from communicator.bench.cases import LIST_OPS, OBJECT_OPS
-from communicator.bench.measured import CaseRun
-from communicator.bench.ops import FLOOR, FLOOR_FRESH, MMENGINE, MMENGINE_GPU, OURS, OURS_SAFE, TORCH
-from communicator.bench.spread import WITHIN_NOISE, Spread, judge, spread_of
-from communicator.bench.timing import Call
+from benchmarks.cases import LIST_OPS, OBJECT_OPS
+from benchmarks.measured import CaseRun
+from benchmarks.ops import FLOOR, FLOOR_FRESH, MMENGINE, MMENGINE_GPU, OURS, OURS_SAFE, TORCH
+from benchmarks.spread import WITHIN_NOISE, Spread, judge, spread_of
+from benchmarks.timing import Call
 
 __all__ = ["RAW", "TARGETS", "Outcome", "Target", "evaluate", "straddling", "target_spread"]
 

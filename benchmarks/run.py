@@ -14,15 +14,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benchmarks.cases import CASES, Case
+from benchmarks.measured import CaseRun
+from benchmarks.ops import Context, Op, build_ops, load_mmengine
+from benchmarks.payloads import Sizes
+from benchmarks.phases import time_phases
+from benchmarks.spread import Progress
+from benchmarks.targets import straddling
+from benchmarks.timing import time_case
 from communicator.base import Communicator
-from communicator.bench.cases import CASES, Case
-from communicator.bench.measured import CaseRun
-from communicator.bench.ops import Context, Op, build_ops, load_mmengine
-from communicator.bench.payloads import Sizes
-from communicator.bench.phases import time_phases
-from communicator.bench.spread import Progress
-from communicator.bench.targets import straddling
-from communicator.bench.timing import time_case
 from communicator.testing.spawn import launch
 
 __all__ = ["Plan", "run_benchmark"]

@@ -28,12 +28,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from benchmarks.aligned import aligned
+from benchmarks.cases import LIST_OPS
+from benchmarks.floor import DST, SRC
+from benchmarks.ops import MMENGINE, MMENGINE_GPU, OURS, TORCH, Context, Op
+from benchmarks.timing import Call
 from communicator.base import Communicator
-from communicator.bench.aligned import aligned
-from communicator.bench.cases import LIST_OPS
-from communicator.bench.floor import DST, SRC
-from communicator.bench.ops import MMENGINE, MMENGINE_GPU, OURS, TORCH, Context, Op
-from communicator.bench.timing import Call
 
 __all__ = ["PHASED", "Phases", "format_phases", "time_phases"]
 
