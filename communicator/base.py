@@ -51,6 +51,8 @@ import atexit
 import contextlib
 import functools
 import json
+import os
+import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -145,6 +147,8 @@ class Communicator(
         self._control: Control | None = None  # built on first use from _control_store()
         self._contexts = 0  # calls of the default _create_groups: every rank numbers its groups alike
         self._shrinks = 0  # shrink() calls without a control plane (a world of one)
+        self._creator = os.getpid()  # a forked child inherits this object but must not use it
+        self._inherited = False
         Communicator._open.add(self)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -244,6 +248,8 @@ class Communicator(
             return
         self._closed = True
         Communicator._open.discard(self)
+        if self._inherited:  # the parent's sockets and store entries are the parent's to close
+            return
         self._calls.refusal = _closed_error
         try:
             for child in reversed(self._children):
@@ -533,6 +539,27 @@ MACHINERY = frozenset(
 
 def _closed_error(what: str) -> CommError:
     return CommError(f"{what}: this communicator is closed")
+
+
+def _inherited_error(creator: int, what: str) -> CommError:
+    return CommError(
+        f"{what}: this communicator belongs to process {creator}, which created it; process {os.getpid()} is a "
+        "fork of it (a DataLoader worker, say) and cannot use it, since its connections are the creator's: "
+        "communicate from the creator, or pass the worker's results back to it"
+    )
+
+
+def _disown_inherited() -> None:
+    """In a forked child: every communicator inherited from the parent refuses its operations, and
+    closing it (``close()``, a ``with`` block's end, the interpreter's exit) leaves the parent's
+    connections and store entries alone."""
+    for comm in list(Communicator._open):
+        comm._inherited = True
+        comm._calls.busy = threading.Lock()  # a call the parent was making in another thread is not the child's
+        comm._calls.refusal = functools.partial(_inherited_error, comm._creator)
+
+
+os.register_at_fork(after_in_child=_disown_inherited)
 
 
 @atexit.register

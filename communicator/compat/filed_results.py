@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from communicator.base import Communicator
-from communicator.ops.results import check_arguments, merge_parts
+from communicator.ops.results import check_parts, merge_parts
 
 __all__ = ["collect_through_directory"]
 
@@ -53,7 +53,7 @@ def collect_through_directory(comm: Communicator, part: Sequence[Any], size: int
     Raises (on every rank):
         FileNotFoundError: rank 0 could not see another rank's part (the directory is not shared).
     """
-    check_arguments(part, size, "interleave", "cpu")
+    check_parts(part, size, "interleave", "cpu")
     created = _make_directory(directory) if comm.rank == 0 else False
     token = comm.broadcast_object(uuid.uuid4().hex if comm.rank == 0 else "")
     if comm.rank != 0:

@@ -13,7 +13,8 @@ import communicator.ops.dicts as dicts
 from communicator.arguments import check_peer, check_rank
 from communicator.guard import CallState, collective
 from communicator.objects.protocol import Collectives, Port
-from communicator.ops.results import check_arguments, merge_parts
+from communicator.crosscheck import check_arguments
+from communicator.ops.results import check_parts, merge_parts
 from communicator.reductions import ReduceOpLike
 
 __all__ = ["ObjectHost", "ObjectOperations"]
@@ -77,6 +78,7 @@ class ObjectOperations:
             ```
         """
         dst = check_rank("dst", dst, self.world_size)
+        check_arguments(self, ("gather_object", dst), ("dst",))  # a root that differs would wait forever
         return self._object_collectives().gather_object(obj, dst)
 
     @collective("src")
@@ -91,6 +93,7 @@ class ObjectOperations:
             ```
         """
         src = check_rank("src", src, self.world_size)
+        check_arguments(self, ("broadcast_object", src), ("src",))
         return self._object_collectives().broadcast_object(obj, src)
 
     @collective("objects:len", "src")
@@ -108,6 +111,7 @@ class ObjectOperations:
         if not isinstance(objects, list):
             raise TypeError(f"broadcast_object_list needs a list, got {type(objects).__name__}")
         src = check_rank("src", src, self.world_size)
+        check_arguments(self, ("broadcast_object_list", len(objects), src), ("len(objects)", "src"))
         received: list[Any] = self._object_collectives().broadcast_object(objects if self.rank == src else [], src)
         if len(received) != len(objects):
             raise ValueError(
@@ -128,6 +132,7 @@ class ObjectOperations:
             ```
         """
         src = check_rank("src", src, self.world_size)
+        check_arguments(self, ("scatter_object", src), ("src",))
         return self._object_collectives().scatter_object(objects, src)
 
     @collective(p2p=True)
@@ -198,7 +203,7 @@ class ObjectOperations:
             # one process: results[:size]
             ```
         """
-        check_arguments(results, size, order, device)
+        check_parts(results, size, order, device)
         dst = check_rank("dst", dst, self.world_size)
         parts = self.gather_object(list(results), dst=dst)
         return None if parts is None else merge_parts(parts, size, order)

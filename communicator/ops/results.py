@@ -13,7 +13,7 @@ ORDERS = ("interleave", "contiguous")
 DEVICES = ("cpu", "gpu", "cuda")
 
 
-def check_arguments(results: object, size: object, order: object, device: object) -> None:
+def check_parts(results: object, size: object, order: object, device: object) -> None:
     """Refuse bad arguments before any communication."""
     if isinstance(results, (str, bytes)) or not isinstance(results, Sequence):
         raise TypeError(f"results must be a list or tuple of this rank's items, got {type(results).__name__}")

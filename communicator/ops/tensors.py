@@ -417,7 +417,7 @@ class TensorOperations:
         world = self.world_size
         exact_mean = name == "mean" and not is_floating(output.dtype)  # every rank sees every sum: all decide alike
         if exact_mean or _over_p2p(name, output.dtype):
-            flat = torch.cat([t.reshape(-1) for t in inputs])
+            flat = torch.cat([t.detach().reshape(-1) for t in inputs])  # written in place: no autograd
             start, keep = sum(t.numel() for t in inputs[: self.rank]), flat.clone()
             work = self._launch(self._reducer(name, flat.dtype), flat, "sum" if exact_mean else name)
 

@@ -82,6 +82,10 @@ MISMATCHES: dict[str, Callable[[Communicator], object]] = {
     "reduce_scatter": lambda c: c.reduce_scatter([torch.ones(2 + c.rank)] * 2),
     "gather dst": lambda c: c.gather(torch.ones(2), dst=c.rank),
     "scatter src": lambda c: c.scatter([torch.ones(1)] * 2, src=c.rank),
+    "broadcast_object src": lambda c: c.broadcast_object({"lr": 0.1}, src=c.rank),
+    "gather_object dst": lambda c: c.gather_object(c.rank, dst=c.rank),
+    "scatter_object src": lambda c: c.scatter_object(["a", "b"], src=c.rank),
+    "broadcast_object_list src": lambda c: c.broadcast_object_list([1, 2], src=c.rank),
 }
 
 
@@ -126,3 +130,18 @@ def _repeated_calls(comm: Communicator) -> float:
 
 def test_correct_programs_pass_the_sampled_checks() -> None:
     assert run_ranks(_repeated_calls, 3, timeout=120) == [2100.0 * 3] * 3
+
+
+def _complex_parameters(comm: Communicator) -> list[list[complex]]:
+    parameters = [torch.nn.Parameter(torch.tensor([1 + 1j, 2j]) * (comm.rank + 1)) for _ in range(comm.world_size)]
+    product = comm.reduce_scatter(parameters, op="product")
+    total = comm.reduce_scatter(parameters, op="sum")  # the communicator is still usable
+    return [product.tolist(), total.tolist()]
+
+
+def test_reduce_scatter_of_complex_parameters() -> None:
+    """The product of complex numbers goes over point to point; parameters that require grad are
+    read, never written through."""
+    first, second = (torch.tensor([1 + 1j, 2j]) * r for r in (1, 2))
+    want = [(first * second).tolist(), (first + second).tolist()]
+    assert run_ranks(_complex_parameters, 2) == [want, want]
