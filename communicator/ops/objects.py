@@ -11,9 +11,9 @@ import torch
 
 import communicator.ops.dicts as dicts
 from communicator.arguments import check_peer, check_rank
+from communicator.crosscheck import check_arguments
 from communicator.guard import CallState, collective
 from communicator.objects.protocol import Collectives, Port
-from communicator.crosscheck import check_arguments
 from communicator.ops.results import check_parts, merge_parts
 from communicator.reductions import ReduceOpLike
 
