@@ -1,21 +1,15 @@
-"""The README's first screen: what, why, the two commands with the venv step, then the example."""
+"""The README's first screen: what and why, the two commands, then a before and after."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 from doc_snippets import README, ROOT, snippets
 
-# Each command makes a new venv in a directory of its own, so that commands run at once in one
-# clone (the same one twice included) never empty or rebuild the venv another runs from.
-# The venv's python is named outright: a python that comes first on PATH otherwise (pyenv's, with no
-# torch) ran the demo once. Activation still puts the venv's tools (torchrun) on PATH for the tests.
-VENV = 'venv=$(mktemp -d) && python3 -m venv "$venv" && . "$venv/bin/activate" && '
-PYTHON = '"$venv/bin/python"'
-DEMO = VENV + f"{PYTHON} -m pip install torch==2.13.0 && {PYTHON} -m pip install -e . && {PYTHON} -m communicator demo"
-TESTS = VENV + (
-    f'{PYTHON} -m pip install torch==2.13.0 && {PYTHON} -m pip install -e ".[test,docs,bench]" '
-    f"&& {PYTHON} -m pytest -n 3 --dist loadgroup"
-)
-FIRST_SCREEN = 40  # lines
+DEMO = "./run demo"
+TESTS = "./run test"
+FIRST_SCREEN = 60  # lines: the commands and the communicator's example start within it
 
 
 def _first_bash_block(lines: list[str]) -> list[str]:
@@ -23,12 +17,13 @@ def _first_bash_block(lines: list[str]) -> list[str]:
     return lines[start + 1 : lines.index("```", start + 1)]
 
 
-def test_the_commands_come_first_in_one_block_each_with_the_venv_step() -> None:
-    # Each line runs alone on a fresh machine (no torch, Debian's Python refusing pip outside a venv).
+def test_the_two_commands_come_first_each_short() -> None:
     lines = README.read_text(encoding="utf-8").splitlines()
     block = _first_bash_block(lines)
-    commands = [line for line in block if not line.startswith("#")]
+    assert lines.index("```bash") < 15
+    commands = [line.split("#")[0].strip() for line in block]
     assert commands == [DEMO, TESTS]
+    assert all(len(line) <= 100 for line in block)
 
 
 def test_ci_runs_the_readme_s_test_command() -> None:
@@ -36,9 +31,20 @@ def test_ci_runs_the_readme_s_test_command() -> None:
     assert ci[-1] == TESTS
 
 
+def test_the_run_script_refuses_an_unknown_command_before_installing() -> None:
+    script = ROOT / "run"
+    assert os.access(script, os.X_OK)
+    for arguments in ([], ["deploy"]):
+        done = subprocess.run([str(script), *arguments], capture_output=True, text=True, timeout=30, check=False)
+        assert done.returncode == 2 and "usage: ./run demo | ./run test" in done.stderr, done
+
+
 def test_the_example_is_on_the_first_screen_and_runs_plain_and_under_torchrun() -> None:
     blocks = snippets(README)
-    assert blocks, "the README has no Python example"
-    assert blocks[0].line <= FIRST_SCREEN, f"the example starts at line {blocks[0].line}"
-    for block in blocks:  # test_snippets.py runs each in every mode its marker names
+    ours = [block for block in blocks if "from communicator import" in block.code]
+    assert ours, "the README has no example with a communicator"
+    assert ours[0].line <= FIRST_SCREEN, f"the example starts at line {ours[0].line}"
+    for block in ours:  # test_snippets.py runs each in every mode its marker names
         assert {"python", "torchrun 2"} <= set(block.modes), f"{block.id} runs as {block.modes}"
+    before = [block for block in blocks if "import torch.distributed as dist" in block.code]
+    assert before and "torchrun 2" in before[0].modes  # the before side runs too
