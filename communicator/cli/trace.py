@@ -1,7 +1,7 @@
 """``communicator trace DIR``: merge the ranks' flight-recorder dumps and say where they diverged.
 
-Exit status: 0 when every dump was read, 1 when one was left out (each named on stderr, with why),
-2 when ``DIR`` is not a directory.
+Exit status: 0 when every dump was read, 1 when one was left out (each named on stderr, with why)
+or there was none to read, 2 when ``DIR`` is not a directory.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.directory):
         print(f"communicator trace: {clean(args.directory)} is not a directory", file=sys.stderr)
         return 2
-    findings, unreadable = report(args.directory)
+    findings, unreadable, found = report(args.directory)
     print(findings)
     for line in unreadable:
         print(f"communicator trace: left out {line}", file=sys.stderr)
-    return 1 if unreadable else 0
+    return 1 if unreadable or not found else 0

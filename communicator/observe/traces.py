@@ -208,16 +208,16 @@ def analyse(dumps: Sequence[RankDump]) -> list[str]:
     return lines
 
 
-def report(directory: str) -> tuple[str, list[str]]:
-    """The merged findings of every communicator's readable dumps in ``directory``, and a line
-    naming each dump left out and why."""
+def report(directory: str) -> tuple[str, list[str], bool]:
+    """The merged findings of every communicator's readable dumps in ``directory``, a line naming
+    each dump left out and why, and whether any dump was read."""
     groups, unreadable = read_dumps(directory)
     if not groups:
         readable = " that could be read" if unreadable else ""
-        return f"no flight-recorder dumps (*-rank*.json){readable} in {clean(directory)}", unreadable
+        return f"no flight-recorder dumps (*-rank*.json){readable} in {clean(directory)}", unreadable, False
     out = []
     for name, dumps in groups.items():
         world = max(d.world_size for d in dumps)
         out.append(f"{name}: {world} ranks, dumps from ranks {[d.rank for d in dumps]}")
         out.extend(f"  {line}" for line in analyse(dumps))
-    return "\n".join(out), unreadable
+    return "\n".join(out), unreadable, True

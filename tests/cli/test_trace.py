@@ -131,3 +131,9 @@ def test_the_command_in_a_process_never_hangs_nor_prints_a_traceback(tmp_path: p
 def test_a_missing_directory_is_an_error_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_trace("/nonexistent\x1b[2J", capsys)
     assert code == 2 and not out and err == "communicator trace: /nonexistent\\x1b[2J is not a directory\n"
+
+
+def test_a_folder_without_dumps_is_a_failure(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing to merge (a wrong folder, a job that never dumped) is not a success."""
+    code, out, _ = run_trace(tmp_path, capsys)
+    assert code == 1 and "no flight-recorder dumps" in out
