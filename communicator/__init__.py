@@ -34,11 +34,14 @@ from communicator.errors import (
 )
 from communicator.handles import Handle
 from communicator.testing.spawn import launch
+from communicator.transports.backend import register_backend
 from communicator.transports.context_group import ContextGroup
 from communicator.transports.nondist import NonDistComm
 from communicator.transports.nonmember import NonMemberComm
 from communicator.transports.torch_comm import SubgroupComm, TorchComm
 from communicator.version import __version__
+
+register_backend()  # torch.distributed.init_process_group(backend="communicator"), see docs/ddp.md
 
 __all__ = [
     "CollectiveMismatchError",

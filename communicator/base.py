@@ -275,6 +275,24 @@ class Communicator(
         """Whether ``close()`` has run (then every operation raises ``CommError``)."""
         return self._closed
 
+    def as_process_group(self) -> torch.distributed.ProcessGroup:
+        """A ``torch.distributed.ProcessGroup`` whose every operation runs through this communicator.
+
+        Pass it where torch takes a group: ``DistributedDataParallel(process_group=...)``,
+        ``DeviceMesh.from_group(...)`` (then FSDP2's ``fully_shard(mesh=...)``), or any
+        ``torch.distributed.<op>(..., group=...)``. The job's own traffic then gets what this
+        communicator gives its calls: a failing rank named on every rank, stalls explained,
+        timeouts, statistics and hooks (see :mod:`communicator.transports.process_group`). Made
+        once per communicator; its ranks are this communicator's.
+
+        Example:
+            ```python
+            model = DistributedDataParallel(model, process_group=comm.as_process_group())
+            ```
+        """
+        made: torch.distributed.ProcessGroup = provided("process_group")(self)
+        return made
+
     def describe(self) -> str:
         """What this communicator is and why ``create`` chose it."""
         head = (

@@ -101,6 +101,8 @@ def decide(config: CommConfig, registered: Mapping[str, type[Any]]) -> Decision:
         return Decision(SINGLE, "none", "launcher='none' asks for a single process")
     if dist.is_available() and dist.is_initialized():
         reason = "torch.distributed was already initialised: adopted its default group (not owned)"
+        if str(dist.get_backend()) == "communicator":
+            reason = "torch.distributed's default group is the 'communicator' backend: a view of its communicator"
         return Decision(TORCH, str(dist.get_backend()), reason)
     env = _launcher(config)
     if env is None:

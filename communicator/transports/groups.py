@@ -64,7 +64,7 @@ class Groups:
             return self._made[shared]  # every rank created this one: the members have it
         key = (world_ranks, name is None)
         if key not in self._made:
-            group = named_group(world_ranks, self._timeout, None, name)
+            group = named_group(world_ranks, self._timeout, self._backend, name)  # never torch's default's
             companion = group
             if self._backend != "gloo":
                 companion = named_group(world_ranks, self._timeout, "gloo", None if name is None else f"{name}cpu")

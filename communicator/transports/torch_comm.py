@@ -29,6 +29,7 @@ from communicator.handles import Work
 from communicator.launchers import Topology, detect_launcher
 from communicator.transports.groups import GroupPair, Groups
 from communicator.transports.nonmember import NonMemberComm
+from communicator.transports.process_group import communicator_of
 from communicator.transports.torch_channel import TorchChannel, cut
 from communicator.transports.torch_options import all_reduce_options, broadcast_options
 
@@ -132,6 +133,12 @@ class TorchComm(Communicator):
         """Adopt an initialised default group, or start and own one as the launcher says (a world
         of one without a launcher): what ``create`` does, for this class and its subclasses."""
         if dist.is_available() and dist.is_initialized():
+            behind = communicator_of(None)
+            if behind is not None:  # the "communicator" backend's default group: a view of its communicator
+                view = behind.split(0)  # every rank: closing the view leaves torch's default group working
+                assert isinstance(view, TorchComm)  # the backend's communicator is a TorchComm
+                view._reason = "a view of the communicator behind torch.distributed's 'communicator' default group"
+                return view
             return cls.adopt(config, "torch.distributed was already initialised: adopted its default group (not owned)")
         env = None
         if config.launcher != "none":

@@ -1,0 +1,84 @@
+"""torch's ``"communicator"`` backend: ``init_process_group(backend="communicator")`` builds a default
+group whose operations run through a communicator.
+
+:func:`register_backend` registers the name once. Under a launcher's variables (torchrun's
+``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) or with an explicit ``store``,
+``torch.distributed.init_process_group(backend="communicator")`` then
+
+1. initialises a gloo default group from the same store, rank and size (keys under
+   ``communicator/gloo/``), within torch's own initialisation;
+2. builds a :class:`~communicator.TorchComm` adopting it, with torch's timeout (or the
+   :class:`~communicator.CommConfig` passed as ``pg_options``, a config or a mapping of its fields);
+3. returns that communicator's :class:`~communicator.transports.process_group.CommProcessGroup`,
+   which torch makes its default group: ``dist.get_backend()`` is ``"communicator"``.
+
+``destroy_process_group()`` closes the communicator. ``communicator_of(None)`` (in
+:mod:`communicator.transports.process_group`) gives it back.
+
+A group torch creates later over such a world (``dist.new_group``) is a plain gloo group: its
+members alone create it, and a communicator over some of a world's ranks is created by all of
+them. For a guarded subgroup split the communicator and take its group:
+``process_group_of(communicator_of(None).new_group(ranks))``.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import PrefixStore
+
+from communicator.config import CommConfig
+from communicator.transports.process_group import BACKEND, CommProcessGroup, adopt_group
+from communicator.transports.torch_comm import TorchComm
+
+__all__ = ["BACKEND", "register_backend"]
+
+#: Where the gloo group under the communicator keeps its keys in the store torch hands the backend.
+STORE_PREFIX = "communicator/gloo/"
+_REASON = "built by torch.distributed.init_process_group(backend='communicator') over a gloo group of its store"
+_lock = threading.Lock()
+
+
+def register_backend() -> None:
+    """Make ``"communicator"`` a ``torch.distributed`` backend, for CPU and CUDA tensors (its gloo
+    communicator stages CUDA tensors through the CPU). Calling it again, or in a torch build without
+    ``torch.distributed``, does nothing."""
+    with _lock:
+        if not dist.is_available() or hasattr(dist.Backend, BACKEND.upper()):
+            return
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+
+
+def _create(options: Any, settings: Any) -> Any:
+    """torch's call for a new group of this backend: ``options`` holds its store, rank, size,
+    timeout and (empty for the default group) world ranks; ``settings`` is ``pg_options``."""
+    rank, size, timeout = options.group_rank, options.group_size, options.timeout
+    if list(options.global_ranks_in_group):
+        return dist.ProcessGroupGloo(options.store, rank, size, timeout)
+    config = _config(settings, timeout)
+    store = PrefixStore(STORE_PREFIX, options.store)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=size, timeout=config.timeout)
+    try:
+        comm = TorchComm.adopt(config, _REASON)
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    group = CommProcessGroup(comm, owns=True)
+    adopt_group(comm, group)
+    return group
+
+
+def _config(settings: Any, timeout: timedelta) -> CommConfig:
+    """The communicator's configuration: ``pg_options`` when it is one (or a mapping of its
+    fields), else the ``COMMUNICATOR_*`` variables with torch's timeout; always over gloo."""
+    if settings is None:
+        return CommConfig.of(None).replace(backend="gloo", timeout=timeout)
+    if isinstance(settings, CommConfig) or hasattr(settings, "keys"):
+        return CommConfig.of(settings).replace(backend="gloo")
+    raise TypeError(
+        f"pg_options for the {BACKEND!r} backend is a CommConfig or a mapping of its fields, "
+        f"got {type(settings).__name__}"
+    )
