@@ -67,7 +67,7 @@ from communicator.config import CommConfig, ConfigLike
 from communicator.control import Control
 from communicator.control.log import Store
 from communicator.control.recovery import Recovery, unusable
-from communicator.control.waiting import at_once, finished
+from communicator.control.waiting import FIRST_SLICE_SECONDS, at_once, finished
 from communicator.errors import CommError, CommTimeoutError, ConfigError
 from communicator.factory import REGISTRY, SINGLE, build, decide, provided
 from communicator.fingerprints import check_fingerprints, fingerprint
@@ -110,6 +110,23 @@ class Communicator(
     *Object methods* end in ``_object``, carry any serialisable value and **return** the result.
     Gathers return a list on the destination and ``None`` elsewhere. Every rank argument (``src``,
     ``dst``, ``peer``) and ``rank`` itself count inside this communicator.
+
+    **Timeouts.** Every operation takes ``timeout=`` (keyword-only; ``barrier``'s may be
+    positional): seconds (an ``int`` or ``float``) or a ``datetime.timedelta``, for this call in
+    place of the communicator's (``CommConfig.timeout``, what ``None``, the default, means). It
+    bounds each wait of the call, as the communicator's does (an uneven gather waits for the
+    shapes, then the data; an object collective for the headers, then the frames), and the
+    ``wait()`` of the :class:`~communicator.handles.Handle` an ``async_op=True`` call returns,
+    unless that ``wait`` is given its own. When it runs out the call raises
+    :class:`~communicator.errors.CommTimeoutError`, naming the ranks that did not arrive where
+    that is known, and a communicator with a control plane is unusable after, as after any
+    abandoned operation. ``main_process_first`` and ``wait_for_main`` wait however long rank 0
+    takes unless given one. A value that is not a positive, finite duration is refused like any
+    bad argument, before anything is sent: ``TypeError`` for another type,
+    :class:`~communicator.errors.ConfigError` (a ``ValueError``) for a duration. Ranks may pass
+    different timeouts (debug mode does not compare them). A longer timeout than the
+    communicator's may still end early where the transport's own operations time out (torch's
+    gloo and NCCL collectives, at the communicator's timeout): configure the longest you need.
 
     A communicator's operations are issued by one thread at a time; a second thread calling while
     an operation runs gets a :class:`~communicator.errors.CommError` at once.
@@ -400,10 +417,13 @@ class Communicator(
 
     @final
     def _wait(self, works: Sequence[Work], timeout: float | None = None) -> None:
-        """Finish ``works`` within ``timeout`` seconds (else the communicator's timeout), released
-        early by a peer's failure, refusal or closing when there is a control plane."""
-        if timeout is None and len(works) == 1 and at_once(works[0]):  # the common case, at once
-            return
+        """Finish ``works`` within ``timeout`` seconds (else the running call's ``timeout=``, else
+        the communicator's timeout), released early by a peer's failure, refusal or closing when
+        there is a control plane."""
+        if timeout is None:
+            timeout = self._calls.timeout  # the running call's own (see communicator.guard), if any
+        if (timeout is None or timeout >= FIRST_SLICE_SECONDS) and len(works) == 1 and at_once(works[0]):
+            return  # the common case, at once
         control = self._plane()
         if control is not None:
             try:
@@ -522,7 +542,7 @@ class Communicator(
     @final
     def _complete(self, works: Sequence[Work], finish: Callable[[], T], async_op: bool) -> T | Handle[T]:
         if async_op:
-            return Handle(works, finish, self._wait)
+            return Handle(works, finish, self._wait, self._calls.timeout)  # its wait keeps to the call's timeout
         self._await(works)
         return finish()
 

@@ -8,6 +8,9 @@ cannot lose it. For each outermost call the guard
   rank is not a member (``CallState.refusal``);
 - refuses a second thread while an operation runs (ranks must see operations in one order);
 - numbers collectives (``seq``; point-to-point operations take two ranks, so they do not count);
+- takes the call's ``timeout=`` (every public operation has one), checked before anything else
+  of the call communicates, and keeps it in ``CallState.timeout`` for every wait of the call
+  (``Communicator._wait``); a call without one costs a check of its keyword arguments;
 - in debug mode, compares a fingerprint of the call across ranks before any data moves;
 - tells the peers when this rank refuses its arguments before communicating, so that ranks
   already waiting in the operation are released, and after it refused a collective, settles
@@ -19,7 +22,7 @@ cannot lose it. For each outermost call the guard
   it would run on the ranks whose hook issued it only, and pair with another operation on the others.
 
 Operations called by other operations (``sync_random_seed`` broadcasting an object, say) run
-unguarded: the outer call is the one that counts.
+unguarded: the outer call is the one that counts, its ``timeout`` included.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import torch
 from communicator.crosscheck import CheckedArguments
 from communicator.errors import CommError
 from communicator.fingerprints import describe_arguments
+from communicator.handles import timeout_seconds
 from communicator.observe.events import RECEIVED, RUNNING, SENT, SIZE, Event, FlightRecorder, finish
 from communicator.observe.stats import Statistics
 
@@ -134,6 +138,7 @@ class CallState:
         "seq",
         "sinks",
         "thread",
+        "timeout",
         "unsettled",
         "up",
     )  # fmt: skip
@@ -144,6 +149,7 @@ class CallState:
         self.op = ""  # the public operation running, or that ran last
         self.seq = 0  # collectives entered so far: the same on every rank of a correct program
         self.launched = False  # whether the running operation has started communicating
+        self.timeout: float | None = None  # the running call's timeout= in seconds; None: the communicator's
         self.refusal: Callable[[str], CommError] | None = None  # why operations are refused, when they are
         self.unsettled = False  # this rank refused its arguments to a collective the others may have started
         self.running: list[Any] | None = None  # the running operation's record (see communicator.observe.events)
@@ -286,6 +292,8 @@ def guarded(method: F, spec: Spec) -> F:
             try:
                 if calls.unsettled:  # before communicating again (see Communicator._settle)
                     self._settle()
+                if kwargs and "timeout" in kwargs:  # the call's own, for its every wait (a TypeError or
+                    calls.timeout = timeout_seconds(kwargs["timeout"], name)  # ValueError: refused below)
                 if self.config.debug and not spec.p2p:
                     arguments = describe_arguments(spec.signature, self, args, kwargs, spec.match)
                     self._compare_fingerprints(name, arguments, Event(record).site)
@@ -308,7 +316,7 @@ def guarded(method: F, spec: Spec) -> F:
                 self._announce_bad_arguments(error, name, not spec.p2p)
             raise
         finally:
-            calls.thread = 0
+            calls.thread, calls.timeout = 0, None
             calls.busy.release()
 
     guard.__collective__ = spec  # type: ignore[attr-defined]

@@ -8,9 +8,10 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import ParamSpec, Protocol, TypeVar
 
-from communicator.config import Timeout, seconds
+from communicator.config import Timeout
 from communicator.errors import CollectiveMismatchError, RemoteError, RemoteFailure
 from communicator.guard import CallState, collective
+from communicator.handles import timeout_seconds
 from communicator.objects.protocol import EMPTY, Port, check_headers, empty_header
 from communicator.ops.seeds import draw_seed, rng_digest
 
@@ -43,18 +44,18 @@ class Coordinated(Protocol):
 
     def _patient_barrier(self, timeout: float | None) -> None: ...
 
-    def _leave_together(self, name: str) -> None: ...
+    def _leave_together(self, name: str, *, timeout: float | None = None) -> None: ...
 
     def _main_done(self, limit: float | None) -> None: ...
 
-    def _main_first(self) -> None: ...
+    def _main_first(self, limit: float | None) -> None: ...
 
 
 class Coordination:
     """Seeds every rank agrees on, rank-0-only work, and failing together."""
 
     @collective()
-    def sync_random_seed(self: Coordinated, seed: int | None = None) -> int:
+    def sync_random_seed(self: Coordinated, seed: int | None = None, *, timeout: Timeout | None = None) -> int:
         """One seed, returned on every rank: ``seed`` from rank 0, or drawn on rank 0.
 
         A drawn seed comes from a copy of rank 0's global NumPy random state and the number of
@@ -77,7 +78,7 @@ class Coordination:
         return int(self.broadcast_object(seed if self.rank == 0 else None, src=0))  # type: ignore[arg-type]
 
     @collective()
-    def check_random_states(self: Coordinated) -> bool:
+    def check_random_states(self: Coordinated, *, timeout: Timeout | None = None) -> bool:
         """Whether the Python, NumPy and torch global RNG states agree on every rank."""
         return len(set(self.all_gather_object(rng_digest()))) == 1
 
@@ -94,13 +95,14 @@ class Coordination:
     master_only = main_only
 
     @contextlib.contextmanager
-    def fail_together(self: Coordinated, name: str = "block") -> Iterator[None]:
+    def fail_together(self: Coordinated, name: str = "block", *, timeout: Timeout | None = None) -> Iterator[None]:
         """If any rank raises inside the block, every rank raises :class:`RemoteError` naming it.
 
         Ranks blocked in a collective inside the block are released within a fraction of a second
         (they watch the failure board), not at the timeout. When no rank raises, leaving the block
         costs one small collective. On the failing rank the ``RemoteError`` is chained to its own
         exception. After a failure the communicator is unusable: leave its ``with`` block.
+        ``timeout`` bounds that collective (checked on entering the block).
 
         Example:
             ```python
@@ -109,6 +111,7 @@ class Coordination:
             # every rank: RemoteError("evaluation: rank 1 raised ValueError: ...")
             ```
         """
+        limit = timeout_seconds(timeout, "fail_together")
         try:
             yield
         except RemoteError:
@@ -116,10 +119,10 @@ class Coordination:
         except BaseException as error:
             self._announce_failure(error, name)
             raise RemoteError([RemoteFailure.of(self.rank, error, name)], context=name) from error
-        self._leave_together(name)
+        self._leave_together(name, timeout=limit)
 
     @collective(name="fail_together")
-    def _leave_together(self: Coordinated, name: str) -> None:
+    def _leave_together(self: Coordinated, name: str, *, timeout: float | None = None) -> None:
         """The end of a ``fail_together`` block: every rank says it succeeded, or names its failure."""
         headers = check_headers(self._objects().channel.all_gather(empty_header()), None, name)
         others = {
@@ -145,7 +148,7 @@ class Coordination:
             # every rank continues once rank 0 is done
             ```
         """
-        limit = seconds(timeout)
+        limit = timeout_seconds(timeout, "wait_for_main")
         _refuse(self, "wait_for_main")
         try:
             yield self.is_main_process
@@ -161,15 +164,17 @@ class Coordination:
         self._patient_barrier(limit)
 
     @contextlib.contextmanager
-    def main_process_first(self: Coordinated) -> Iterator[None]:
+    def main_process_first(self: Coordinated, *, timeout: Timeout | None = None) -> Iterator[None]:
         """Rank 0 runs the block first (e.g. to download or cache), then the others run it.
 
-        The others wait for rank 0 however long it takes (not bound by the collective timeout),
-        and raise :class:`RemoteError` if rank 0's block raises.
+        The others wait for rank 0 however long it takes (not bound by the collective timeout;
+        ``timeout``, seconds or a ``timedelta``, bounds it), and raise :class:`RemoteError` if rank
+        0's block raises.
         """
+        limit = timeout_seconds(timeout, "main_process_first")
         _refuse(self, "main_process_first")
         if not self.is_main_process:
-            self._main_first()
+            self._main_first(limit)
             yield
             return
         try:
@@ -177,12 +182,12 @@ class Coordination:
         except BaseException as error:
             self._announce_failure(error, "main_process_first")
             raise
-        self._main_first()
+        self._main_first(limit)
 
     @collective(name="main_process_first")
-    def _main_first(self: Coordinated) -> None:
+    def _main_first(self: Coordinated, limit: float | None) -> None:
         """Where rank 0 ends its ``main_process_first`` block and the others start theirs."""
-        self._patient_barrier(None)
+        self._patient_barrier(limit)
 
 
 def _refuse(comm: Coordinated, name: str) -> None:

@@ -11,6 +11,7 @@ import torch
 
 import communicator.ops.dicts as dicts
 from communicator.arguments import check_peer, check_rank
+from communicator.config import Timeout
 from communicator.crosscheck import check_arguments
 from communicator.guard import CallState, collective
 from communicator.objects.protocol import Collectives, Port
@@ -49,7 +50,7 @@ class ObjectOperations:
     return the result."""
 
     @collective()
-    def all_gather_object(self: ObjectHost, obj: T) -> list[T]:
+    def all_gather_object(self: ObjectHost, obj: T, *, timeout: Timeout | None = None) -> list[T]:
         """Every rank's object, in rank order, on every rank.
 
         One collective when every object fits in a record (about 2 KiB), else one more
@@ -66,7 +67,7 @@ class ObjectOperations:
         return self._object_collectives().all_gather_object(obj)
 
     @collective("dst")
-    def gather_object(self: ObjectHost, obj: T, dst: int = 0) -> list[T] | None:
+    def gather_object(self: ObjectHost, obj: T, dst: int = 0, *, timeout: Timeout | None = None) -> list[T] | None:
         """Every rank's object on ``dst`` (a list in rank order); ``None`` elsewhere. Only ``dst``
         receives the payloads.
 
@@ -82,7 +83,7 @@ class ObjectOperations:
         return self._object_collectives().gather_object(obj, dst)
 
     @collective("src")
-    def broadcast_object(self: ObjectHost, obj: T, src: int = 0) -> T:
+    def broadcast_object(self: ObjectHost, obj: T, src: int = 0, *, timeout: Timeout | None = None) -> T:
         """``src``'s object, on every rank (other ranks' ``obj`` is ignored; pass ``None``).
 
         Example:
@@ -97,7 +98,9 @@ class ObjectOperations:
         return self._object_collectives().broadcast_object(obj, src)
 
     @collective("objects:len", "src")
-    def broadcast_object_list(self: ObjectHost, objects: list[Any], src: int = 0) -> list[Any]:
+    def broadcast_object_list(
+        self: ObjectHost, objects: list[Any], src: int = 0, *, timeout: Timeout | None = None
+    ) -> list[Any]:
         """torch-compatible: replace the items of ``objects`` in place with ``src``'s; also return it.
 
         Every rank passes a list of the same length.
@@ -121,7 +124,9 @@ class ObjectOperations:
         return objects
 
     @collective("src")
-    def scatter_object(self: ObjectHost, objects: Sequence[T] | None, src: int = 0) -> T:
+    def scatter_object(
+        self: ObjectHost, objects: Sequence[T] | None, src: int = 0, *, timeout: Timeout | None = None
+    ) -> T:
         """Rank ``i`` receives ``objects[i]`` from ``src``; the others pass ``None``.
 
         Example:
@@ -136,7 +141,7 @@ class ObjectOperations:
         return self._object_collectives().scatter_object(objects, src)
 
     @collective(p2p=True)
-    def send_object(self: ObjectHost, obj: Any, dst: int) -> None:
+    def send_object(self: ObjectHost, obj: Any, dst: int, *, timeout: Timeout | None = None) -> None:
         """Send ``obj`` to rank ``dst``, which calls ``recv_object(src=<this rank>)``.
 
         If ``obj`` cannot be serialised, this rank raises and the receiver gets a ``RemoteError``.
@@ -145,7 +150,7 @@ class ObjectOperations:
         self._objects().send_object(obj, dst)
 
     @collective(p2p=True)
-    def recv_object(self: ObjectHost, src: int) -> Any:
+    def recv_object(self: ObjectHost, src: int, *, timeout: Timeout | None = None) -> Any:
         """Receive the object rank ``src`` sends with ``send_object``.
 
         Example:
@@ -160,7 +165,9 @@ class ObjectOperations:
     # -- derived operations --------------------------------------------------------------------
 
     @collective("data:keys", "op")
-    def all_reduce_dict(self: ObjectHost, data: Mapping[str, Any], op: ReduceOpLike = "sum") -> dict[str, Any]:
+    def all_reduce_dict(
+        self: ObjectHost, data: Mapping[str, Any], op: ReduceOpLike = "sum", *, timeout: Timeout | None = None
+    ) -> dict[str, Any]:
         """Reduce every value of a (nested) dict across ranks; return a new dict, same structure.
 
         Values are tensors or Python/NumPy numbers. Dtypes are kept (an integer ``mean`` becomes
@@ -187,6 +194,7 @@ class ObjectOperations:
         dst: int = 0,
         order: Literal["interleave", "contiguous"] = "interleave",
         device: str = "cpu",
+        timeout: Timeout | None = None,
     ) -> list[T] | None:
         """The first ``size`` results of all ranks on ``dst``, in dataset order; ``None`` elsewhere.
 

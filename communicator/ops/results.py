@@ -6,7 +6,7 @@ import warnings
 from collections.abc import Sequence
 from typing import TypeVar
 
-__all__ = ["check_arguments", "merge_parts"]
+__all__ = ["check_parts", "merge_parts"]
 
 T = TypeVar("T")
 ORDERS = ("interleave", "contiguous")

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any, Generic, Protocol, TypeVar, cast
 
 from communicator.arguments import check_grid, check_members, check_split
+from communicator.config import Timeout
 from communicator.errors import CollectiveMismatchError
 from communicator.guard import CallState, collective
 
@@ -74,7 +75,7 @@ class Splitting(Generic[C]):
         return comm
 
     @collective("ranks")
-    def new_group(self: Splittable, ranks: Sequence[int]) -> C:
+    def new_group(self: Splittable, ranks: Sequence[int], *, timeout: Timeout | None = None) -> C:
         """A communicator over ``ranks`` (ranks of this communicator, in the new ranks' order).
 
         Every rank calls it with the same list; the others get a
@@ -91,7 +92,7 @@ class Splitting(Generic[C]):
         return cast(C, self._subgroup([members]))
 
     @collective()
-    def split(self: Splittable, color: int | None, key: int | None = None) -> C:
+    def split(self: Splittable, color: int | None, key: int | None = None, *, timeout: Timeout | None = None) -> C:
         """MPI's split: ranks passing the same ``color`` form a communicator, ordered by ``key``
         (default: their rank); ``color=None`` joins none (a :class:`~communicator.transports.nonmember.NonMemberComm`).
 
@@ -105,7 +106,7 @@ class Splitting(Generic[C]):
         return cast(C, self._subgroup(groups_of(self.all_gather_object((color, self.rank if key is None else key)))))
 
     @collective("shape")
-    def grid(self: Splittable, shape: tuple[int, int]) -> tuple[C, C]:
+    def grid(self: Splittable, shape: tuple[int, int], *, timeout: Timeout | None = None) -> tuple[C, C]:
         """Split a ``rows x cols`` layout into ``(row, col)`` communicators.
 
         Rank ``r`` sits at row ``r // cols``, column ``r % cols``; ``row`` holds the ``cols`` ranks of

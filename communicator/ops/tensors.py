@@ -22,10 +22,10 @@ from communicator.arguments import (
     check_tensor,
     check_tensors,
 )
-from communicator.config import CommConfig, Timeout, seconds
+from communicator.config import CommConfig, Timeout
 from communicator.crosscheck import check_arguments, key
 from communicator.guard import CallState, collective
-from communicator.handles import Handle, Work
+from communicator.handles import Handle, Work, timeout_seconds
 from communicator.objects.protocol import Port
 from communicator.ops.staging import editing, homed, write_back
 from communicator.reductions import ReduceOpLike, check_op_dtype, divide_exactly, is_floating, parse_op
@@ -88,7 +88,8 @@ class TensorOperations:
 
     @collective()
     def barrier(self: TensorHost, timeout: Timeout | None = None) -> None:
-        """Wait until every rank arrives; ``timeout`` (seconds or a ``timedelta``) overrides the comm's.
+        """Wait until every rank arrives; ``timeout`` (seconds or a ``timedelta``, also positional
+        here) overrides the comm's.
 
         It orders the ranks' CPUs (under NCCL on the gloo companion group), not GPU work queued
         before it: call ``torch.cuda.synchronize()`` first where that matters.
@@ -96,7 +97,7 @@ class TensorOperations:
         Raises:
             CommTimeoutError: naming the ranks that did not arrive, where the backend can tell.
         """
-        limit = seconds(timeout)
+        limit = timeout_seconds(timeout, "barrier")
         if limit is None:
             self._await([self._launch(self._barrier)])
         else:
@@ -153,17 +154,34 @@ class TensorOperations:
 
     @overload
     def all_reduce(
-        self: TensorHost, tensor: Tensor, op: ReduceOpLike = ..., async_op: Literal[False] = ...
+        self: TensorHost,
+        tensor: Tensor,
+        op: ReduceOpLike = ...,
+        async_op: Literal[False] = ...,
+        *,
+        timeout: Timeout | None = ...,
     ) -> Tensor: ...
     @overload
     def all_reduce(
-        self: TensorHost, tensor: Tensor, op: ReduceOpLike = ..., *, async_op: Literal[True]
+        self: TensorHost,
+        tensor: Tensor,
+        op: ReduceOpLike = ...,
+        *,
+        async_op: Literal[True],
+        timeout: Timeout | None = ...,
     ) -> Handle[Tensor]: ...
     @overload
-    def all_reduce(self: TensorHost, tensor: Tensor, op: ReduceOpLike, async_op: bool) -> Tensor | Handle[Tensor]: ...
+    def all_reduce(
+        self: TensorHost, tensor: Tensor, op: ReduceOpLike, async_op: bool, *, timeout: Timeout | None = ...
+    ) -> Tensor | Handle[Tensor]: ...
     @collective("tensor", "op")
     def all_reduce(
-        self: TensorHost, tensor: Tensor, op: ReduceOpLike = "sum", async_op: bool = False
+        self: TensorHost,
+        tensor: Tensor,
+        op: ReduceOpLike = "sum",
+        async_op: bool = False,
+        *,
+        timeout: Timeout | None = None,
     ) -> Tensor | Handle[Tensor]:
         """Reduce ``tensor`` across ranks in place and return it.
 
@@ -184,19 +202,37 @@ class TensorOperations:
 
     @overload
     def reduce(
-        self: TensorHost, tensor: Tensor, dst: int = ..., op: ReduceOpLike = ..., async_op: Literal[False] = ...
+        self: TensorHost,
+        tensor: Tensor,
+        dst: int = ...,
+        op: ReduceOpLike = ...,
+        async_op: Literal[False] = ...,
+        *,
+        timeout: Timeout | None = ...,
     ) -> Tensor: ...
     @overload
     def reduce(
-        self: TensorHost, tensor: Tensor, dst: int = ..., op: ReduceOpLike = ..., *, async_op: Literal[True]
+        self: TensorHost,
+        tensor: Tensor,
+        dst: int = ...,
+        op: ReduceOpLike = ...,
+        *,
+        async_op: Literal[True],
+        timeout: Timeout | None = ...,
     ) -> Handle[Tensor]: ...
     @overload
     def reduce(
-        self: TensorHost, tensor: Tensor, dst: int, op: ReduceOpLike, async_op: bool
+        self: TensorHost, tensor: Tensor, dst: int, op: ReduceOpLike, async_op: bool, *, timeout: Timeout | None = ...
     ) -> Tensor | Handle[Tensor]: ...
     @collective("tensor", "dst", "op")
     def reduce(
-        self: TensorHost, tensor: Tensor, dst: int = 0, op: ReduceOpLike = "sum", async_op: bool = False
+        self: TensorHost,
+        tensor: Tensor,
+        dst: int = 0,
+        op: ReduceOpLike = "sum",
+        async_op: bool = False,
+        *,
+        timeout: Timeout | None = None,
     ) -> Tensor | Handle[Tensor]:
         """Reduce into ``tensor`` on ``dst`` (in place); other ranks' tensors are left as they were.
 
@@ -209,13 +245,26 @@ class TensorOperations:
         return self._reduction(tensor, op, check_rank("dst", dst, self.world_size), async_op)
 
     @overload
-    def broadcast(self: TensorHost, tensor: Tensor, src: int = ..., async_op: Literal[False] = ...) -> Tensor: ...
+    def broadcast(
+        self: TensorHost,
+        tensor: Tensor,
+        src: int = ...,
+        async_op: Literal[False] = ...,
+        *,
+        timeout: Timeout | None = ...,
+    ) -> Tensor: ...
     @overload
-    def broadcast(self: TensorHost, tensor: Tensor, src: int = ..., *, async_op: Literal[True]) -> Handle[Tensor]: ...
+    def broadcast(
+        self: TensorHost, tensor: Tensor, src: int = ..., *, async_op: Literal[True], timeout: Timeout | None = ...
+    ) -> Handle[Tensor]: ...
     @overload
-    def broadcast(self: TensorHost, tensor: Tensor, src: int, async_op: bool) -> Tensor | Handle[Tensor]: ...
+    def broadcast(
+        self: TensorHost, tensor: Tensor, src: int, async_op: bool, *, timeout: Timeout | None = ...
+    ) -> Tensor | Handle[Tensor]: ...
     @collective("tensor", "src")
-    def broadcast(self: TensorHost, tensor: Tensor, src: int = 0, async_op: bool = False) -> Tensor | Handle[Tensor]:
+    def broadcast(
+        self: TensorHost, tensor: Tensor, src: int = 0, async_op: bool = False, *, timeout: Timeout | None = None
+    ) -> Tensor | Handle[Tensor]:
         """Copy ``src``'s tensor into ``tensor`` on every rank, in place, and return it.
 
         Example:
@@ -244,19 +293,34 @@ class TensorOperations:
 
     @overload
     def all_gather(
-        self: TensorHost, tensor: Tensor, async_op: Literal[False] = ..., *, same_shape: bool = ...
+        self: TensorHost,
+        tensor: Tensor,
+        async_op: Literal[False] = ...,
+        *,
+        same_shape: bool = ...,
+        timeout: Timeout | None = ...,
     ) -> list[Tensor]: ...
     @overload
     def all_gather(
-        self: TensorHost, tensor: Tensor, *, async_op: Literal[True], same_shape: bool = ...
+        self: TensorHost,
+        tensor: Tensor,
+        *,
+        async_op: Literal[True],
+        same_shape: bool = ...,
+        timeout: Timeout | None = ...,
     ) -> Handle[list[Tensor]]: ...
     @overload
     def all_gather(
-        self: TensorHost, tensor: Tensor, async_op: bool, *, same_shape: bool = ...
+        self: TensorHost, tensor: Tensor, async_op: bool, *, same_shape: bool = ..., timeout: Timeout | None = ...
     ) -> list[Tensor] | Handle[list[Tensor]]: ...
     @collective("tensor:dtype", "same_shape")
     def all_gather(
-        self: TensorHost, tensor: Tensor, async_op: bool = False, *, same_shape: bool = False
+        self: TensorHost,
+        tensor: Tensor,
+        async_op: bool = False,
+        *,
+        same_shape: bool = False,
+        timeout: Timeout | None = None,
     ) -> list[Tensor] | Handle[list[Tensor]]:
         """Every rank's tensor, in rank order; shapes may differ (same ndim and dtype).
 
@@ -301,19 +365,24 @@ class TensorOperations:
 
     @overload
     def gather(
-        self: TensorHost, tensor: Tensor, dst: int = ..., async_op: Literal[False] = ...
+        self: TensorHost,
+        tensor: Tensor,
+        dst: int = ...,
+        async_op: Literal[False] = ...,
+        *,
+        timeout: Timeout | None = ...,
     ) -> list[Tensor] | None: ...
     @overload
     def gather(
-        self: TensorHost, tensor: Tensor, dst: int = ..., *, async_op: Literal[True]
+        self: TensorHost, tensor: Tensor, dst: int = ..., *, async_op: Literal[True], timeout: Timeout | None = ...
     ) -> Handle[list[Tensor] | None]: ...
     @overload
     def gather(
-        self: TensorHost, tensor: Tensor, dst: int, async_op: bool
+        self: TensorHost, tensor: Tensor, dst: int, async_op: bool, *, timeout: Timeout | None = ...
     ) -> list[Tensor] | Handle[list[Tensor] | None] | None: ...
     @collective("tensor:dtype", "dst")
     def gather(
-        self: TensorHost, tensor: Tensor, dst: int = 0, async_op: bool = False
+        self: TensorHost, tensor: Tensor, dst: int = 0, async_op: bool = False, *, timeout: Timeout | None = None
     ) -> list[Tensor] | Handle[list[Tensor] | None] | None:
         """Every rank's tensor on ``dst`` (a list in rank order), ``None`` elsewhere; shapes may differ.
 
@@ -339,19 +408,34 @@ class TensorOperations:
 
     @overload
     def scatter(
-        self: TensorHost, tensors: Sequence[Tensor] | None, src: int = ..., async_op: Literal[False] = ...
+        self: TensorHost,
+        tensors: Sequence[Tensor] | None,
+        src: int = ...,
+        async_op: Literal[False] = ...,
+        *,
+        timeout: Timeout | None = ...,
     ) -> Tensor: ...
     @overload
     def scatter(
-        self: TensorHost, tensors: Sequence[Tensor] | None, src: int = ..., *, async_op: Literal[True]
+        self: TensorHost,
+        tensors: Sequence[Tensor] | None,
+        src: int = ...,
+        *,
+        async_op: Literal[True],
+        timeout: Timeout | None = ...,
     ) -> Handle[Tensor]: ...
     @overload
     def scatter(
-        self: TensorHost, tensors: Sequence[Tensor] | None, src: int, async_op: bool
+        self: TensorHost, tensors: Sequence[Tensor] | None, src: int, async_op: bool, *, timeout: Timeout | None = ...
     ) -> Tensor | Handle[Tensor]: ...
     @collective("src")
     def scatter(
-        self: TensorHost, tensors: Sequence[Tensor] | None, src: int = 0, async_op: bool = False
+        self: TensorHost,
+        tensors: Sequence[Tensor] | None,
+        src: int = 0,
+        async_op: bool = False,
+        *,
+        timeout: Timeout | None = None,
     ) -> Tensor | Handle[Tensor]:
         """Rank ``i`` receives ``tensors[i]`` from ``src``; the others pass ``None``.
 
@@ -383,19 +467,34 @@ class TensorOperations:
 
     @overload
     def reduce_scatter(
-        self: TensorHost, tensors: Sequence[Tensor], op: ReduceOpLike = ..., async_op: Literal[False] = ...
+        self: TensorHost,
+        tensors: Sequence[Tensor],
+        op: ReduceOpLike = ...,
+        async_op: Literal[False] = ...,
+        *,
+        timeout: Timeout | None = ...,
     ) -> Tensor: ...
     @overload
     def reduce_scatter(
-        self: TensorHost, tensors: Sequence[Tensor], op: ReduceOpLike = ..., *, async_op: Literal[True]
+        self: TensorHost,
+        tensors: Sequence[Tensor],
+        op: ReduceOpLike = ...,
+        *,
+        async_op: Literal[True],
+        timeout: Timeout | None = ...,
     ) -> Handle[Tensor]: ...
     @overload
     def reduce_scatter(
-        self: TensorHost, tensors: Sequence[Tensor], op: ReduceOpLike, async_op: bool
+        self: TensorHost, tensors: Sequence[Tensor], op: ReduceOpLike, async_op: bool, *, timeout: Timeout | None = ...
     ) -> Tensor | Handle[Tensor]: ...
     @collective("tensors", "op")
     def reduce_scatter(
-        self: TensorHost, tensors: Sequence[Tensor], op: ReduceOpLike = "sum", async_op: bool = False
+        self: TensorHost,
+        tensors: Sequence[Tensor],
+        op: ReduceOpLike = "sum",
+        async_op: bool = False,
+        *,
+        timeout: Timeout | None = None,
     ) -> Tensor | Handle[Tensor]:
         """Reduce ``tensors[i]`` across ranks and return the result on rank ``i``.
 
@@ -437,16 +536,20 @@ class TensorOperations:
         return self._complete([work], homed(finish, given[self.rank], self.device), async_op)
 
     @overload
-    def all_to_all(self: TensorHost, tensors: Sequence[Tensor], async_op: Literal[False] = ...) -> list[Tensor]: ...
-    @overload
-    def all_to_all(self: TensorHost, tensors: Sequence[Tensor], *, async_op: Literal[True]) -> Handle[list[Tensor]]: ...
+    def all_to_all(
+        self: TensorHost, tensors: Sequence[Tensor], async_op: Literal[False] = ..., *, timeout: Timeout | None = ...
+    ) -> list[Tensor]: ...
     @overload
     def all_to_all(
-        self: TensorHost, tensors: Sequence[Tensor], async_op: bool
+        self: TensorHost, tensors: Sequence[Tensor], *, async_op: Literal[True], timeout: Timeout | None = ...
+    ) -> Handle[list[Tensor]]: ...
+    @overload
+    def all_to_all(
+        self: TensorHost, tensors: Sequence[Tensor], async_op: bool, *, timeout: Timeout | None = ...
     ) -> list[Tensor] | Handle[list[Tensor]]: ...
     @collective("tensors:len")
     def all_to_all(
-        self: TensorHost, tensors: Sequence[Tensor], async_op: bool = False
+        self: TensorHost, tensors: Sequence[Tensor], async_op: bool = False, *, timeout: Timeout | None = None
     ) -> list[Tensor] | Handle[list[Tensor]]:
         """Send ``tensors[j]`` to rank ``j``; return what each rank sent here, in rank order.
 
@@ -470,16 +573,20 @@ class TensorOperations:
     # -- point to point ------------------------------------------------------------------------
 
     @collective(p2p=True)
-    def isend(self: TensorHost, tensor: Tensor, dst: int, tag: int = 0) -> Handle[None]:
+    def isend(
+        self: TensorHost, tensor: Tensor, dst: int, tag: int = 0, *, timeout: Timeout | None = None
+    ) -> Handle[None]:
         """Start sending ``tensor`` to rank ``dst``; ``wait()`` the handle before reusing the tensor."""
         tensor = check_tensor("tensor", tensor)
         dst, tag = check_peer("dst", dst, self.rank, self.world_size), check_tag(tag)
         work = self._launch(self._isend, self._stage(tensor).detach(), dst, tag)
         self._calls.count(tensor.nbytes, 0, tensor.nbytes)
-        return Handle([work], lambda: None, self._wait)
+        return Handle([work], lambda: None, self._wait, self._calls.timeout)
 
     @collective(p2p=True)
-    def irecv(self: TensorHost, tensor: Tensor, src: int, tag: int = 0) -> Handle[Tensor]:
+    def irecv(
+        self: TensorHost, tensor: Tensor, src: int, tag: int = 0, *, timeout: Timeout | None = None
+    ) -> Handle[Tensor]:
         """Start receiving into ``tensor`` from rank ``src``; ``wait()`` returns the filled tensor."""
         tensor = check_output("tensor", tensor)
         src, tag = check_peer("src", src, self.rank, self.world_size), check_tag(tag)
@@ -491,15 +598,17 @@ class TensorOperations:
             write_back(tensor, staged)
             return tensor
 
-        return Handle([work], finish, self._wait)
+        return Handle([work], finish, self._wait, self._calls.timeout)
 
     @collective(p2p=True)
-    def send(self: TensorHost, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
+    def send(self: TensorHost, tensor: torch.Tensor, dst: int, tag: int = 0, *, timeout: Timeout | None = None) -> None:
         """Send ``tensor`` to rank ``dst`` (blocking). The receiver needs the same shape and dtype."""
         self.isend(tensor, dst, tag).wait()
 
     @collective(p2p=True)
-    def recv(self: TensorHost, tensor: torch.Tensor, src: int, tag: int = 0) -> torch.Tensor:
+    def recv(
+        self: TensorHost, tensor: torch.Tensor, src: int, tag: int = 0, *, timeout: Timeout | None = None
+    ) -> torch.Tensor:
         """Receive into ``tensor`` from rank ``src`` (blocking) and return it."""
         return self.irecv(tensor, src, tag).wait()
 
