@@ -440,10 +440,17 @@ class Communicator(
 
     @final
     def _heed(self, control: Control) -> None:
-        """After an abandoned operation every later one is refused."""
+        """After an abandoned operation every later one is refused, and the transport lets go of it."""
         if control.broken is not None and self._calls.refusal is None:
             broken = control.broken
             self._calls.refusal = lambda what: unusable(what, broken)
+            self._abandoned(broken)
+
+    def _abandoned(self, cause: BaseException) -> None:
+        """Hook: an operation was abandoned for ``cause`` (a peer failed, was lost or closed; a wait
+        timed out), and the communicator is unusable from now on. Release what the transport still
+        has in flight; no communication. ``TorchComm`` aborts an NCCL group here, so kernels already
+        queued do not hold the GPU until the watchdog's timeout."""
 
     @final
     def _await(self, works: Sequence[Work], timeout: float | None = None) -> None:

@@ -386,6 +386,12 @@ class TorchComm(Communicator):
     # -- teardown ------------------------------------------------------------------------------
 
     @override
+    def _abandoned(self, cause: BaseException) -> None:
+        if self._backend == "nccl":  # gloo's abort releases no blocked worker (see keep_alive)
+            with contextlib.suppress(Exception):
+                self._group.abort()
+
+    @override
     def _teardown(self, error: BaseException | None) -> None:
         control = self._controlled()
         failed = error is not None or control.broken is not None
