@@ -143,12 +143,19 @@ class CommConfig:
 
     @classmethod
     def of(cls, cfg: ConfigLike = None) -> CommConfig:
-        """Build a config from ``None`` (the environment), a mapping, or a config (returned as is)."""
+        """Build a config from ``None`` (the environment), a mapping, or a config (returned as is).
+
+        A mapping that does not name ``store`` takes ``COMMUNICATOR_STORE`` from the environment:
+        where the store outside the ranks runs is the deployment's to say, like the launcher's
+        variables (``{"store": None}`` asks for none)."""
         if cfg is None:
             return cls.from_env()
         if isinstance(cfg, CommConfig):
             return cfg
         if isinstance(cfg, Mapping):
+            store = os.environ.get(ENV_PREFIX + "STORE")
+            if store and "store" not in cfg:
+                return cls.from_mapping({**cfg, "store": store})
             return cls.from_mapping(cfg)
         raise ConfigError(
             f"cannot build a CommConfig from {type(cfg).__name__}: expected None, a mapping or a CommConfig"

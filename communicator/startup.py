@@ -16,7 +16,10 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
+import communicator.control.keyspace as keyspace
 from communicator.config import CommConfig, store_address
+from communicator.control.log import StoreHandle
+from communicator.control.records import MARK_KEY, TOKEN_VARIABLE, mark
 from communicator.errors import CommError, ConfigError
 from communicator.launchers import EnvironmentPatch, LauncherEnv, Topology, TorchrunEnv
 from communicator.launchers.local import free_port
@@ -68,14 +71,30 @@ _started = 0  # groups this process has started: every rank of a job counts the 
 
 
 def _outside_store(config: CommConfig, env: LauncherEnv) -> tuple[str, int, str] | None:
-    """Where a store outside the ranks runs, and the prefix of this job's keys there: the
-    configured one, else torchrun's agent's; ``None``: world rank 0 serves one."""
+    """Where a store outside the ranks runs, and the prefix under which jobs with this job's
+    ``MASTER_PORT`` take their key spaces there: the configured one, else torchrun's agent's;
+    ``None``: world rank 0 serves one."""
     if config.store is not None:
         host, port = store_address(config.store)
         return host, port, f"communicator/job{env.master_port}/"
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         return env.master_addr, env.master_port, "communicator/"
     return None
+
+
+def _own_space(client: TCPStore, prefix: str, config: CommConfig, env: LauncherEnv) -> PrefixStore:
+    """This job's own keys in a store outside the ranks (see :mod:`communicator.control.keyspace`),
+    once the store's secret is known to be this rank's too."""
+    token = os.environ.get(TOKEN_VARIABLE, "")
+    if client.check([MARK_KEY]):
+        if not token:
+            raise ConfigError(f"the store expects {TOKEN_VARIABLE}, the secret it was started with; it is not set here")
+        if client.get(MARK_KEY).decode(errors="replace") != mark(token):
+            raise ConfigError(f"{TOKEN_VARIABLE} here is not the secret the store was started with")
+    place = f"served at {config.store}" if config.store is not None else "served by torchrun's agent"
+    handle = StoreHandle(PrefixStore(prefix, client), place)
+    space = keyspace.join(handle, env.rank, env.world_size, config.timeout.total_seconds())
+    return PrefixStore(prefix + space, client)
 
 
 def _rendezvous_port(port: int) -> int:
@@ -102,13 +121,13 @@ def start(config: CommConfig, env: LauncherEnv) -> Started:
         outside = _outside_store(config, env)
         if config.init_method is None and outside is not None:
             # A store outside the ranks (torchrun's agent's on MASTER_PORT, or config.store): every
-            # group started in this job gets keys of its own there, or a second group would meet
-            # the first one's stale keys (and, on a store of the user's, an earlier job's).
+            # group started gets a key space of its own there, or a second group would meet the
+            # first one's stale keys (and, on a store of the user's, an earlier job's).
             address, port, prefix = outside
             if config.store is not None:
                 where = f"the store at {config.store}"
             client = TCPStore(address, port, is_master=False, timeout=config.timeout)
-            store = PrefixStore(f"{prefix}start{_started}/", client)
+            store = _own_space(client, prefix, config, env)
             dist.init_process_group(
                 backend, store=store, rank=env.rank, world_size=env.world_size, timeout=config.timeout
             )

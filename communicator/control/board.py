@@ -19,7 +19,7 @@ from typing import Any
 
 from communicator.control.liveness import Hosts, alive
 from communicator.control.log import EventLog, Record, StoreHandle, guarded_store
-from communicator.control.ranks import Spans, spans_text
+from communicator.control.ranks import Spans, listed, spans_text
 from communicator.errors import (
     CollectiveMismatchError,
     CommError,
@@ -31,7 +31,7 @@ from communicator.errors import (
     RevokedError,
 )
 
-__all__ = ["ECHOES", "FailureBoard", "backoff"]
+__all__ = ["ECHOES", "FailureBoard", "Pacer", "backoff"]
 
 #: Failures that only report another rank's (a rank released by a peer's failure): not posted
 #: again, since every waiter of the board reads the original.
@@ -49,6 +49,24 @@ def backoff(first: float, cap: float) -> Callable[[], float]:
         return pause
 
     return step
+
+
+#: Store requests a polling loop makes at once before its pace (one a second) applies.
+PACE_BURST = 8
+
+
+class Pacer:
+    """The pauses of a loop that polls the store: doubling from ``first`` to ``cap`` (prompt for a
+    short wait), and long enough that once :data:`PACE_BURST` requests are spent, this process's
+    requests (all of them, any thread's) stay at about one a second, however long the wait lasts."""
+
+    def __init__(self, store: StoreHandle, first: float, cap: float = 1.0) -> None:
+        self._store, self._started, self._base = store, time.monotonic(), store.requests
+        self._backoff = backoff(first, cap)
+
+    def __call__(self) -> float:
+        ahead = (self._store.requests - self._base - PACE_BURST) - (time.monotonic() - self._started)
+        return max(self._backoff(), ahead)
 
 
 class FailureBoard:
@@ -73,6 +91,7 @@ class FailureBoard:
         self._above: list[RemoteFailure] = []  # failures for good posted on the boards above
         self._inputs: dict[int, dict[int, RemoteFailure]] = {}  # seq -> local rank -> refusal
         self._refusals: dict[int, set[int]] = {}  # seq -> local ranks that refused that collective
+        self._counted: set[int] = set()  # refused collectives whose counters this rank made
         self._left = False  # whether this rank left an operation because of a refusal
         self._closed: dict[int, tuple[int, str]] = {}  # local rank -> (collectives completed, last)
         self._lost: dict[int, str] = {}  # local rank -> why its process is gone
@@ -163,7 +182,7 @@ class FailureBoard:
         this rank's own closing is posted. One request a poll; never raises."""
         if not self._mismatch_raised:
             return
-        deadline, pause = time.monotonic() + limit, backoff(0.01, 0.2)
+        deadline, pause = time.monotonic() + limit, Pacer(self._store, 0.01, 0.2)
         with contextlib.suppress(Exception):
             while self._store.add(f"{self.name}closing", 0) < len(self.members):
                 if time.monotonic() > deadline:
@@ -191,10 +210,17 @@ class FailureBoard:
 
     # -- looking ---------------------------------------------------------------------------
 
-    def refresh(self, direct: bool = False) -> None:
+    def refresh(self, direct: bool = False, look: bool = True) -> None:
         """Read the log (one request when nothing happened; ``direct``: from the store, not the
-        host's relay) and take in this board's new records."""
-        self.log.look(direct)
+        host's relay; not ``look``: take only what it read already) and take in this board's new
+        records; nothing but a ``CommError`` leaves it."""
+        try:
+            if look:
+                self.log.look(direct)
+        except CommError:
+            raise
+        except Exception as error:
+            raise CommError(f"the control plane could not read its records: {type(error).__name__}: {error}") from error
         for name, start in self._taken.items():
             records = self.log.of_board(name, start)
             self._taken[name] = start + len(records)
@@ -202,22 +228,32 @@ class FailureBoard:
                 self._take(record)
 
     def _take(self, record: Record) -> None:
-        own = self._names.get(record.get("board", ""))
+        """Take in one record; one whose fields do not fit its kind is skipped (and counted)."""
+        try:
+            self._take_fields(record)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError):
+            self.log.seal.tally.note("records whose fields do not fit their kind")
+
+    def _take_fields(self, record: Record) -> None:
+        own = self._names.get(str(record.get("board", "")))
         if own is None or (not own and record["kind"] != "fail"):
             return
         kind, rank = record["kind"], int(record.get("rank", -1))
         if kind == "fail":
-            failure = RemoteFailure.from_json(record["failure"])
+            failure = _failure(record["failure"])
             if own:
                 self._failures.setdefault(rank, failure)
             else:
                 self._above.append(failure)
         elif kind == "input":
-            self._inputs.setdefault(int(record["seq"]), {}).setdefault(rank, RemoteFailure.from_json(record["failure"]))
+            self._inputs.setdefault(int(record["seq"]), {}).setdefault(rank, _failure(record["failure"]))
             if record.get("collective"):
                 self._refusals.setdefault(int(record["seq"]), set()).add(rank)
         elif kind == "mismatch" and self._mismatch is None:
-            sides = {r: str(side) for side, ranks in record["sides"].items() for r in Spans(ranks)}
+            named = [(Spans(str(ranks)), str(side)) for side, ranks in record["sides"].items()]
+            if any(s[-1] >= len(self.members) or s[0] < 0 for s, _ in named if s):
+                raise ValueError("ranks out of range")
+            sides = {r: side for ranks, side in named for r in ranks}
             self._mismatch = CollectiveMismatchError(dict(sorted(sides.items())), str(record["what"]))
         elif kind == "revoke" and self._revoked_by is None:
             self._revoked_by = rank
@@ -225,13 +261,13 @@ class FailureBoard:
             self._lost.setdefault(int(record["peer"]), str(record["why"]))
         elif kind == "closed":
             self._closed[rank] = (int(record["seq"]), str(record["last"]))
-        elif kind == "verdict":
+        elif kind == "verdict" and isinstance(record["verdict"], dict):
             self.verdicts[int(record["seq"])] = record["verdict"]
 
-    def check(self, rank: int, seq: int, what: str) -> None:
+    def check(self, rank: int, seq: int, what: str, look: bool = True) -> None:
         """Raise when a peer failed, refused its part of operation ``seq``, was lost, or closed
-        before reaching it; ``what`` names what this rank waits in."""
-        self.refresh()
+        before reaching it; ``what`` names what this rank waits in (``look``: see :meth:`refresh`)."""
+        self.refresh(look=look)
         self.raise_known(rank, seq, what)
         for peer, pid in self._dead_here(rank).items():
             self.lose(rank, peer, f"its process (pid {pid}) has exited", seq, what)
@@ -292,19 +328,27 @@ class FailureBoard:
         """Whether every member refused its arguments to collective ``refused``, as this rank did
         (the group is intact); raise when a member left an operation because of a refusal (it had
         started one without the refusing ranks), or (``look``: read the log too) failed, closed or
-        is gone: the group can no longer be trusted. Two requests, counters whatever the size."""
-        if guarded_store(lambda: self._store.add(f"{self.name}refused{refused}", 0)) >= len(self.members):
+        is gone: the group can no longer be trusted. Two requests the first time (counters, whatever
+        the size), then one (the two and the log's count: this rank's refusal was posted), and the
+        log's read only when its count moved."""
+        names, events = [f"{self.name}refused{refused}", f"{self.name}left"], None
+        if refused in self._counted:
+            count, left, events = self._store.counters([*names, "events"])
+        else:  # made by the first read
+            count, left = (self._store.add(name, 0) for name in names)
+            self._counted.add(refused)
+        if count >= len(self.members):
             return True
-        if guarded_store(lambda: self._store.add(f"{self.name}left", 0)):
-            who = guarded_store(lambda: self._store.get(f"{self.name}left/who")).decode()
-            started = spans_text(sorted({int(r) for r in who.split(",") if r}))
+        if left:
+            who = guarded_store(lambda: self._store.get(f"{self.name}left/who")).decode(errors="replace")
+            started = spans_text(sorted(listed(who, len(self.members))))
             raise CommError(
                 f"{what} on rank {rank}: ranks {started} started operation #{refused} (or a later one) without "
                 "the ranks that refused their arguments to it, and left it: its data would meet later "
                 "operations, so the communicator is unusable"
             )
         if look:
-            self.refresh()
+            self.refresh(look=self.log.behind(events))
             self.raise_known(rank, 0, what)  # revoked, a mismatch, failures for good, lost ranks
             refusers = self._refusals.get(refused, set())
             closed = sorted(r for r in self._closed if r not in refusers and r != rank)
@@ -336,7 +380,7 @@ class FailureBoard:
             return
         try:
             deadline = time.monotonic() + linger
-            pause = backoff(0.005, 1.0)
+            pause = Pacer(self._store, 0.005)
             everyone = len(self.members)  # this rank posted its closing already
             while time.monotonic() < deadline:
                 if self._store.add(f"{self.name}closing", 0) >= everyone:
@@ -359,16 +403,18 @@ class FailureBoard:
         explain: Callable[[list[int]], str],
     ) -> None:
         """A barrier through the store that names, on every rank, the ranks that did not arrive:
-        two requests to arrive, then one per look (looks back off to one a second)."""
+        three requests to arrive, then one a look, which reads the arrivals and the log's count
+        (looks back off to one a second); the log itself is read only when its count moved."""
         self._barriers += 1
         key = f"{self.name}barrier{self._barriers}"
         guarded_store(lambda: self._store.append(f"{key}/who", f"{rank},"))
         arrived = guarded_store(lambda: self._store.add(key, 1))
-        started = time.monotonic()
+        self._store.add("events", 0)  # made: one request reads both counters
+        started, events = time.monotonic(), None
         pause = backoff(0.001, 1.0)
         while arrived < len(self.members):
             try:
-                self.check(rank, seq, what)
+                self.check(rank, seq, what, look=self.log.behind(events))
             except CommError:
                 # The last ones may have arrived, left and failed later since this rank counted.
                 if guarded_store(lambda: self._store.add(key, 0)) >= len(self.members):
@@ -377,8 +423,8 @@ class FailureBoard:
             now = time.monotonic()
             tick(now)
             if now - started > timeout:
-                text = guarded_store(lambda: self._store.get(f"{key}/who")).decode()
-                present = {int(r) for r in text.split(",") if r}
+                text = guarded_store(lambda: self._store.get(f"{key}/who")).decode(errors="replace")
+                present = listed(text, len(self.members))
                 missing = [r for r in range(len(self.members)) if r not in present]
                 found = explain(missing)
                 raise CommTimeoutError(
@@ -387,7 +433,7 @@ class FailureBoard:
                     missing_ranks=missing,
                 )
             time.sleep(min(pause(), max(timeout - (now - started), 0.001)))
-            arrived = guarded_store(lambda: self._store.add(key, 0))
+            arrived, events = self._store.counters([key, "events"])
 
     def elect(self, seq: int, term: int) -> bool:
         """Whether this rank judges the stall of operation ``seq`` for ``term`` (the first to ask does)."""
@@ -399,17 +445,30 @@ class FailureBoard:
         keys = [f"status/{r}" for r in ranks]
         if not self._statuses_complete:
             self._statuses_complete = guarded_store(lambda: self._store.check(keys))
+        seal = self.log.seal
         if self._statuses_complete:
-            return [value.decode() for value in guarded_store(lambda: self._store.multi_get(keys))]
+            values = guarded_store(lambda: self._store.multi_get(keys))
+            return [seal.open(key, value) for key, value in zip(keys, values, strict=True)]
         found: list[str | None] = []
         for key in keys:  # a rank that has not joined yet: read key by key, without blocking
             there = guarded_store(functools.partial(self._store.check, [key]))
-            found.append(guarded_store(functools.partial(self._store.get, key)).decode() if there else None)
+            found.append(seal.open(key, guarded_store(functools.partial(self._store.get, key))) if there else None)
         return found
 
     def publish(self, world_rank: int, status: str) -> None:
-        """Write a process's status (see :mod:`communicator.control.stalls`)."""
-        guarded_store(lambda: self._store.set(f"status/{world_rank}", status))
+        """Write a process's status (see :mod:`communicator.control.stalls`), signed."""
+        key = f"status/{world_rank}"
+        guarded_store(lambda: self._store.set(key, self.log.seal.seal(key, status)))
+
+
+def _failure(text: object) -> RemoteFailure:
+    """A failure as a record carries it (``ValueError`` and the like when it is not one)."""
+    if not isinstance(text, str):
+        raise TypeError("a failure is JSON text")
+    failure = RemoteFailure.from_json(text)
+    if not all(isinstance(v, str) for v in (failure.error_type, failure.message, failure.traceback, failure.where)):
+        raise TypeError("a failure's fields are text")
+    return failure
 
 
 def _without_seconds(side: str) -> str:

@@ -18,6 +18,7 @@ import os
 import socket
 
 from communicator.control.log import StoreHandle, guarded_store
+from communicator.control.records import Seal
 
 __all__ = ["PROBE_SECONDS", "Hosts", "alive"]
 
@@ -43,12 +44,24 @@ def alive(pid: int) -> bool:
         return True
 
 
+_NOWHERE = ("", 0, "", 0)  # a rank whose record is not one: on no host, with no probe
+
+
+def _place(fields: list[str]) -> tuple[str, int, str, int] | None:
+    """A ``where/`` record's fields, ``host pid address port``; ``None`` for anything else."""
+    if len(fields) != 4 or not (fields[1].isdigit() and fields[3].isdigit()) or len(fields[1]) > 9:
+        return None
+    port = int(fields[3])
+    return (fields[0], int(fields[1]), fields[2], port) if port < 65536 else None
+
+
 class Hosts:
     """Where the ranks of one world run, learnt lazily: one key per host lists its ranks' process
     ids, one key per rank says its host, process id and probe address."""
 
-    def __init__(self, store: StoreHandle, host: str = "", address: str = "") -> None:
+    def __init__(self, store: StoreHandle, host: str = "", address: str = "", seal: Seal | None = None) -> None:
         self._store = store
+        self._seal = seal if seal is not None else Seal()
         self.host = host or socket.gethostname()
         self._address = address
         self._probe: socket.socket | None = None
@@ -59,10 +72,10 @@ class Hosts:
         """Say where this process runs and listens: two requests, once per world."""
         probe = self._listen() if listen else None
         port = probe.getsockname()[1] if probe is not None else 0
-        pid = os.getpid()
-        guarded_store(lambda: self._store.append(f"host/{self.host}", f"{world_rank}:{pid};"))
+        pid, here, there = os.getpid(), f"host/{self.host}", f"where/{world_rank}"
+        guarded_store(lambda: self._store.append(here, self._seal.seal(here, f"{world_rank}:{pid}") + ";"))
         record = f"{self.host} {pid} {self._address or self.host} {port}"
-        guarded_store(lambda: self._store.set(f"where/{world_rank}", record))
+        guarded_store(lambda: self._store.set(there, self._seal.seal(there, record)))
 
     def _listen(self) -> socket.socket | None:
         if self._probe is None:
@@ -98,11 +111,12 @@ class Hosts:
         """The ranks known to run on this host, with their process ids (one request, repeated
         while fewer than ``expected`` have announced themselves)."""
         if self._local is None or len(self._local) < expected:
-            text = guarded_store(lambda: self._store.get(f"host/{self.host}")).decode()
+            key = f"host/{self.host}"
             found = {}
-            for entry in filter(None, text.split(";")):
-                rank, pid = entry.split(":")
-                found[int(rank)] = int(pid)
+            for entry in filter(None, guarded_store(lambda: self._store.get(key)).split(b";")):
+                rank, _, pid = (self._seal.open(key, entry) or "").partition(":")
+                if rank.isdigit() and pid.isdigit() and len(rank) < 10 and len(pid) < 10:
+                    found[int(rank)] = int(pid)
             self._local = found
         return self._local
 
@@ -110,11 +124,13 @@ class Hosts:
         """``rank -> (host, pid, probe address, probe port)``; one request for those not yet known."""
         unknown = [rank for rank in ranks if rank not in self._where]
         if unknown:
-            values = guarded_store(lambda: self._store.multi_get([f"where/{rank}" for rank in unknown]))
-            for rank, value in zip(unknown, values, strict=True):
-                host, pid, address, port = value.decode().split()
-                self._where[rank] = (host, int(pid), address, int(port))
-        return {rank: self._where[rank] for rank in ranks}
+            keys = [f"where/{rank}" for rank in unknown]
+            values = guarded_store(lambda: self._store.multi_get(keys))
+            for rank, key, value in zip(unknown, keys, values, strict=True):
+                place = _place((self._seal.open(key, value) or "").split())
+                if place is not None:  # else not known: never declared lost by its record
+                    self._where[rank] = place
+        return {rank: self._where.get(rank, _NOWHERE) for rank in ranks}
 
     def gone(self, rank: int) -> str:
         """Why ``rank``'s process is gone, or "" while it is alive (stopped and busy count as alive)."""

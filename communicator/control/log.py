@@ -12,7 +12,6 @@ relay (see :mod:`communicator.control.relay`), so that the store sees one reader
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 import time
@@ -21,6 +20,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from torch._C._distributed_c10d import Store as _Store
 
+from communicator.control.records import Seal, parse_record
 from communicator.control.relay import LOCAL_LOOK_SECONDS, Relay
 from communicator.errors import CommError, PeerLostError
 
@@ -31,6 +31,14 @@ LOOK_SECONDS = 1.0
 #: How long a record whose number was taken may stay unwritten before readers skip it (its
 #: poster died between the two requests).
 MISSING_SECONDS = 2.0
+#: The most records one look reads from the store (the rest at the next looks).
+MAX_BATCH = 1024
+#: The most records whose keys one look checks one by one while a poster is between its requests.
+MAX_SINGLE = 16
+#: Where a store runs when nothing says otherwise.
+RANK_ZERO = "hosted by world rank 0"
+_SKIPPED = b'{"kind": "skipped"}'  # in place of a value that is not a record: its number is read
+_ABSENT = "\x00absent"  # never a value the control plane writes
 
 T = TypeVar("T")
 Record = dict[str, Any]
@@ -43,10 +51,13 @@ Store: TypeAlias = _Store
 
 class StoreHandle:
     """The store as the control plane holds it: released when the last communicator of its world
-    closes, so that nothing keeps the store (on rank 0, its server thread) alive after that."""
+    closes, so that nothing keeps the store (on rank 0, its server thread) alive after that.
+    ``where`` says where it runs, for the error that says it is gone."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, where: str = RANK_ZERO) -> None:
         self._store: Store | None = store
+        self.where = where
+        self._made = threading.local()  # requests made by each thread (the pace of its polling loops)
 
     def release(self) -> None:
         self._store = None
@@ -57,60 +68,92 @@ class StoreHandle:
             raise CommError("the communicator is closed: its control plane is released")
         return self._store
 
+    @property
+    def requests(self) -> int:
+        """The requests the calling thread made so far."""
+        return int(getattr(self._made, "count", 0))
+
+    def _call(self, call: Callable[[], T]) -> T:
+        self._made.count = self.requests + 1
+        try:
+            return call()
+        except CommError:
+            raise
+        except Exception as error:  # noqa: BLE001 - torch raises DistNetworkError, DistStoreError, RuntimeError
+            raise PeerLostError(f"the rendezvous store ({self.where}) is unreachable: {type(error).__name__}") from None
+
     def set(self, key: str, value: str) -> None:
-        self.store.set(key, value)
+        self._call(lambda: self.store.set(key, value))
 
     def get(self, key: str) -> bytes:
-        return self.store.get(key)
+        return self._call(lambda: self.store.get(key))
 
     def add(self, key: str, value: int) -> int:
-        return self.store.add(key, value)
+        return self._call(lambda: self.store.add(key, value))
 
     def check(self, keys: list[str]) -> bool:
-        return self.store.check(keys)
+        return self._call(lambda: self.store.check(keys))
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        return self.store.multi_get(keys)
+        return self._call(lambda: self.store.multi_get(keys))
 
     def compare_set(self, key: str, expected: str, desired: str) -> bytes:
-        return self.store.compare_set(key, expected, desired)
+        return self._call(lambda: self.store.compare_set(key, expected, desired))
+
+    def counters(self, keys: list[str]) -> list[int]:
+        """The values of counters (keys that ``add`` made: each must exist) in one request; one
+        that does not read as a number counts as 0."""
+        values = self.multi_get(keys)
+        return [int(value) if value.isdigit() and len(value) < 19 else 0 for value in values]
+
+    def peek(self, key: str) -> bytes | None:
+        """The value of ``key``, ``None`` while there is none: one request that never blocks."""
+        value = self.compare_set(key, _ABSENT, _ABSENT)  # a missing key is not made: the expected comes back
+        return None if value == _ABSENT.encode() else value
 
     def append(self, key: str, value: str) -> None:
-        self.store.append(key, value)  # type: ignore[attr-defined]  # every torch store has it; its stubs do not
+        # every torch store has append; its stubs do not
+        self._call(lambda: self.store.append(key, value))  # type: ignore[attr-defined]
 
 
 def guarded_store(call: Callable[[], T]) -> T:
-    """Run one store request; a store that is gone (it lives on world rank 0) is a lost peer."""
+    """Run one store request; a store that is gone is a lost peer (a :class:`StoreHandle`'s
+    requests say where it ran)."""
     try:
         return call()
     except CommError:
         raise
     except Exception as error:  # noqa: BLE001 - torch raises DistNetworkError, DistStoreError, RuntimeError
-        raise PeerLostError(
-            f"the rendezvous store (hosted by world rank 0) is unreachable: {type(error).__name__}"
-        ) from None
+        raise PeerLostError(f"the rendezvous store is unreachable: {type(error).__name__}") from None
 
 
 class EventLog:
     """The records posted in one world, as far as this process has read them."""
 
     def __init__(
-        self, store: StoreHandle, relay: Relay | None = None, clock: Callable[[], float] = time.monotonic
+        self,
+        store: StoreHandle,
+        relay: Relay | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        seal: Seal | None = None,
     ) -> None:
         self.store, self.relay = store, relay
+        self.seal = seal if seal is not None else Seal()
         self._boards: dict[str, list[Record]] = {}  # records read so far, by board, in posting order
         self._forgotten: set[str] = set()  # boards this process will never read (closed, or not a member)
         self._lock = threading.Lock()  # the waiting thread and a judge's probes both look
         self._read = 0  # records numbered 1.._read are read (or skipped)
         self._clock = clock
         self._missing_since: float | None = None
+        self._direct = -LOOK_SECONDS  # when this process last read the store past a stuck relay
 
     def post(self, record: Record) -> None:
         """Append ``record`` for every rank; never raises (the store may be gone, and the error
         being reported matters more)."""
         try:
             number = self.store.add("events", 1)
-            self.store.set(f"event/{number}", json.dumps(record))
+            key = f"event/{number}"
+            self.store.set(key, self.seal.seal(key, json.dumps(record)))
         except Exception:  # noqa: BLE001 - see above
             pass
 
@@ -128,6 +171,10 @@ class EventLog:
                 return self._take(self._from_store()) or taken  # record (it was replaced): fill the gap
             turn = relay.turn() if relay.due() else None
             if turn is None:
+                now = self._clock()
+                if relay.stuck() and now - self._direct >= LOOK_SECONDS:  # its turn's holder is stopped:
+                    self._direct = now  # the store itself, once a second
+                    return self._take(self._from_store()) or taken
                 return taken
             with turn:
                 taken = self._take(turn.records) or taken
@@ -135,30 +182,45 @@ class EventLog:
                 turn.hand(found)
             return self._take(found) or taken
 
+    def behind(self, count: int | None) -> bool:
+        """Whether a look may find something, given the store's count of records (``None``: not known)."""
+        return count is None or count > self._read
+
     @property
     def look_seconds(self) -> float:
         """The longest pause between a waiting rank's looks: a relay is read for free, so more often."""
         return LOOK_SECONDS if self.relay is None else LOCAL_LOOK_SECONDS
 
     def _from_store(self) -> list[tuple[int, bytes]]:
-        count = guarded_store(lambda: self.store.add("events", 0))
+        """The records posted since the last one read, :data:`MAX_BATCH` at most, checked: one that
+        is not a signed record is there as a skipped one."""
+        count = self.store.add("events", 0)
         if count <= self._read:
             return []
-        keys = [f"event/{n}" for n in range(self._read + 1, count + 1)]
-        if guarded_store(lambda: self.store.check(keys)):
-            values = guarded_store(lambda: self.store.multi_get(keys))
-        else:  # a poster is between its two requests: read what is there
-            values = self._written(keys)
-        return list(enumerate(values, start=self._read + 1))
+        keys = [f"event/{n}" for n in range(self._read + 1, min(count, self._read + MAX_BATCH) + 1)]
+        # while a poster is between its two requests: what is there
+        complete = self.store.check(keys)
+        values: list[bytes | None] = [*self.store.multi_get(keys)] if complete else self._written(keys[:MAX_SINGLE])
+        found = []
+        for key, number, value in zip(keys, range(self._read + 1, count + 1), values, strict=False):
+            record = None if value is None else self.seal.record(key, value)
+            found.append((number, _SKIPPED if record is None else json.dumps(record).encode()))
+        return found
 
     def _take(self, records: list[tuple[int, bytes]]) -> bool:
         """Keep the records that follow the last one taken (records are numbered from 1); whether
-        there were any."""
+        there were any. One that is not a record (a damaged relay) is not taken: the store's is."""
         taken = self._read
         for number, value in records:
             if number != self._read + 1:
                 continue
-            record = json.loads(value)
+            try:
+                record = parse_record(value.decode())
+            except UnicodeDecodeError:
+                record = None
+            if record is None:
+                self.seal.tally.note("damaged lines of the host's relay")
+                continue
             board = str(record.get("board", ""))
             if board not in self._forgotten:
                 self._boards.setdefault(board, []).append(record)
@@ -174,17 +236,19 @@ class EventLog:
         self._forgotten.add(name)
         self._boards.pop(name, None)
 
-    def _written(self, keys: list[str]) -> list[bytes]:
-        values = []
+    def _written(self, keys: list[str]) -> list[bytes | None]:
+        """The values of ``keys`` up to the first that is missing (``None``: one missing too long,
+        its poster died between its two requests)."""
+        values: list[bytes | None] = []
         for key in keys:
-            if guarded_store(functools.partial(self.store.check, [key])):
-                values.append(guarded_store(functools.partial(self.store.get, key)))
+            if self.store.check([key]):
+                values.append(self.store.get(key))
                 self._missing_since = None
                 continue
             now = self._clock()
             self._missing_since = self._missing_since or now
             if now - self._missing_since < MISSING_SECONDS:
                 break
-            values.append(b'{"kind": "lost-record"}')  # its poster died mid-post: skip it
+            values.append(None)  # its poster died mid-post: skip it
             self._missing_since = None
         return values

@@ -3,7 +3,9 @@ store of its world (see :mod:`communicator.control`)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -12,7 +14,8 @@ from typing import Any
 from communicator.config import CommConfig
 from communicator.control.board import FailureBoard, backoff
 from communicator.control.liveness import Hosts
-from communicator.control.log import EventLog, Store, StoreHandle, guarded_store
+from communicator.control.log import LOOK_SECONDS, RANK_ZERO, EventLog, Store, StoreHandle, guarded_store
+from communicator.control.records import Seal
 from communicator.control.relay import Relay
 from communicator.control.stalls import Watch, Watcher
 from communicator.control.survivors import Survivors
@@ -43,12 +46,15 @@ class World:
         threads: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        # host, threads=False and clock: a virtual rank of the simulation (communicator.bench.control_plane)
-        self.store = StoreHandle(store)
+        # host, threads=False and clock: a virtual rank of the simulation (benchmarks.control_plane)
+        self.store = StoreHandle(store, store_place(config))
         self.world_rank, self.world_size, self.local_size = world_rank, world_size, local_size
-        self.hosts = Hosts(self.store, host=host, address=address)
-        self.relay = Relay.open(self._name(), self.hosts.host, local_size, clock) if local_size > 1 else None
-        self.log = EventLog(self.store, self.relay)
+        self.seal = Seal()
+        name = self._name() if local_size > 1 or self.seal.signing else ""
+        self.seal.scope = name
+        self.hosts = Hosts(self.store, host=host, address=address, seal=self.seal)
+        self.relay = Relay.open(name, self.hosts.host, local_size, clock) if local_size > 1 else None
+        self.log = EventLog(self.store, self.relay, clock, self.seal)
         self.hosts.announce(world_rank, listen=threads)
         self.root = FailureBoard(self.log, self.hosts, self.store, "", range(world_size), local_size)
         self.watcher = Watcher(self.root, self.hosts, world_rank, world_size, config.stall_seconds, threads)
@@ -56,15 +62,19 @@ class World:
         self.clock = clock  # wall time, which every process shares (the judges' terms follow it)
 
     def _name(self) -> str:
-        """A name for this world that its processes share (one request: the first to ask names it)."""
+        """A name for this world that its processes share (one request: the first to ask names it),
+        32 hex digits (a name someone else wrote is hashed into one: it names a file)."""
         mine = uuid.uuid4().hex
-        return guarded_store(lambda: self.store.compare_set("name", "", mine)).decode()
+        name = guarded_store(lambda: self.store.compare_set("name", "", mine))
+        if re.fullmatch(rb"[0-9a-f]{32}", name):
+            return name.decode()
+        return hashlib.sha256(name).hexdigest()[:32]
 
     def stop(self) -> None:
         self.watcher.stop()
         self.hosts.close()
         if self.relay is not None:
-            self.relay.remove()
+            self.relay.close()
 
 
 class Control:
@@ -99,7 +109,7 @@ class Control:
         try:
             wait(works, self.board, self.transfers, self.rank, calls.seq, calls.op, timeout or self.limit, self.watch)
         except CommError as error:
-            raise self.abandon(error) from None
+            raise self.abandon(error) from error.__cause__  # the transport's own error, where it had one
 
     def abandon(self, error: CommError) -> CommError:
         """This rank leaves an operation unfinished: the group can no longer be trusted, and the
@@ -112,7 +122,10 @@ class Control:
         return error
 
     def launch_failed(self, error: RuntimeError) -> CommError:
-        return self.abandon(translate(error, self.board, self.rank, self._calls.seq, self._calls.op))
+        found = translate(error, self.board, self.rank, self._calls.seq, self._calls.op)
+        if found is not error and found.__cause__ is None:
+            found.__cause__ = error  # the transport's own words stay with it
+        return self.abandon(found)
 
     def bad_arguments(self, error: BaseException, what: str, collective: bool) -> None:
         refusal = RemoteFailure.of(self.rank, error, what)
@@ -124,12 +137,13 @@ class Control:
         """Before this rank communicates again after refusing its arguments to a collective, which
         the others may have started without it: wait until every rank refused it too (the group
         is intact), or leave the communicator unusable as soon as one rank started it instead
-        (this rank's next data would meet that operation there). Two requests a look (counters),
-        and the log read for failures and closings as often as a waiting rank reads it."""
+        (this rank's next data would meet that operation there). One request a poll (counters,
+        backing off to one a second), and the log read for failures and closings as often as a
+        waiting rank reads it, when its count moved."""
         assert self.refused is not None
         (seq, refusal), calls, every = self.refused, self._calls, self.world.log.look_seconds
         started = looked = time.monotonic()
-        pause = backoff(0.001, every)
+        pause = backoff(0.001, max(every, LOOK_SECONDS))
         try:
             while True:
                 now = time.monotonic()
@@ -180,6 +194,15 @@ class Control:
         self.board.release()
         if self.world.users == 0:
             self.world.store.release()
+
+
+def store_place(config: CommConfig) -> str:
+    """Where the store of a world that ``config`` made runs, as an error about it says."""
+    if config.store is not None and config.init_method is None:
+        return f"served at {config.store}, outside the ranks"
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return "served by torchrun's agent"
+    return RANK_ZERO
 
 
 def probe_address() -> str:

@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import overload
 
-__all__ = ["Spans", "spans_text"]
+__all__ = ["Spans", "listed", "spans_text"]
 
 
 def spans_text(ranks: Iterable[int]) -> str:
@@ -17,6 +17,17 @@ def spans_text(ranks: Iterable[int]) -> str:
         members = [rank for _, rank in run]
         parts.append(str(members[0]) if len(members) == 1 else f"{members[0]}-{members[-1]}")
     return ",".join(parts)
+
+
+def listed(text: str, size: int, separator: str = ",") -> set[int]:
+    """The ranks of a list the members append to (``"3,0,2,"``; an entry may go on after a colon:
+    ``"3:1;"``), those in ``range(size)`` only: an entry that is not one is skipped."""
+    found = set()
+    for entry in text.split(separator):
+        rank = entry.partition(":")[0]
+        if rank.isdigit() and len(rank) < 10 and int(rank) < size:
+            found.add(int(rank))
+    return found
 
 
 class Spans(Sequence[int]):

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -49,6 +50,7 @@ from typing import Any, NamedTuple
 from communicator.control.board import FailureBoard
 from communicator.control.liveness import Hosts
 from communicator.control.ranks import Spans, spans_text
+from communicator.control.records import parse_status
 from communicator.crosscheck import CHECKING
 from communicator.errors import CollectiveMismatchError
 from communicator.guard import CallState
@@ -90,6 +92,7 @@ NAMED = 16
 EQUAL_SHAPES = frozenset({"all_reduce", "reduce", "broadcast"})
 
 logger = logging.getLogger("communicator")
+_GROWING = re.compile(r"\bfor (\d+) s\b")  # a duration a side names, which grows while nothing changes
 _CAUSE = (
     "; likely causes: a long section on those ranks (raise the timeout), a collective that only some ranks"
     " call, or a hang in their code"
@@ -245,16 +248,35 @@ class Verdict(NamedTuple):
     sides: dict[int, str]  # rank -> what it is doing (as posted: only the ranks a message names)
     awaited: Sequence[int]  # the ranks that are not in this collective
     certain: bool = False  # a mismatch that no status a beat old can explain: one look is enough
+    at: float = 0.0  # when it was judged (wall time): the durations it names are as of then
 
     def record(self) -> dict[str, Any]:
         """The verdict as a record: O(1) in the job's size, so every waiting rank can read it."""
         named = {str(r): self.sides[r] for r in self.awaited[:NAMED] if r in self.sides}
-        return {"kind": self.kind, "headline": self.headline, "sides": named, "awaited": spans_text(self.awaited)}
+        awaited = spans_text(self.awaited)
+        return {"kind": self.kind, "headline": self.headline, "sides": named, "awaited": awaited, "at": self.at}
 
     @classmethod
-    def of_record(cls, found: dict[str, Any]) -> Verdict:
-        sides = {int(r): str(side) for r, side in found["sides"].items()}
-        return cls(str(found["kind"]), str(found["headline"]), sides, Spans(str(found["awaited"])))
+    def of_record(cls, found: dict[str, Any]) -> Verdict | None:
+        """The verdict a record holds; ``None`` for one that is not a verdict."""
+        try:
+            sides = {int(r): str(side) for r, side in found["sides"].items()}
+            at = float(found.get("at", 0.0))
+            return cls(str(found["kind"]), str(found["headline"]), sides, Spans(str(found["awaited"])), False, at)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+    def sides_at(self, now: float) -> dict[int, str]:
+        """The sides as of wall time ``now``: each duration they name grown by the verdict's age,
+        so that every rank says the same of an awaited rank, whoever judged and when."""
+        age = round(max(now - self.at, 0.0)) if self.at else 0
+        if not age:
+            return self.sides
+
+        def grown(found: re.Match[str]) -> str:
+            return f"for {int(found.group(1)) + age} s"
+
+        return {rank: _GROWING.sub(grown, side) for rank, side in self.sides.items()}
 
 
 def judge(me: int, reports: Sequence[Report]) -> Verdict:
@@ -344,9 +366,10 @@ class Stall:
             self._judge(now, calls.seq, publish=not p2p)
             return
         found = board.verdicts.get(calls.seq)
-        if found is not None and now >= self._diagnose_at:
-            self.verdict = Verdict.of_record(found)  # a verdict is posted when it says something new,
-            self._log(self.verdict, now)  # and again by a new judge: warned of once
+        verdict = Verdict.of_record(found) if found is not None and now >= self._diagnose_at else None
+        if verdict is not None:
+            self.verdict = verdict  # a verdict is posted when it says something new,
+            self._log(verdict, now)  # and again by a new judge: warned of once
 
     def _judge(self, now: float, seq: int, publish: bool) -> None:
         reports = self._gather(now)
@@ -355,9 +378,10 @@ class Stall:
             return
         if self._peers:  # a transfer: what its peers are doing, whatever it is
             sides = {r: report.describe().removeprefix("is ") for r, report in zip(self._judged, reports, strict=True)}
-            verdict = self.verdict = Verdict("waiting", "", sides, self._peers)
+            verdict = Verdict("waiting", "", sides, self._peers)
         else:
-            verdict = self.verdict = judge(self._rank, reports)
+            verdict = judge(self._rank, reports)
+        verdict = self.verdict = verdict._replace(at=self._watch.clock())
         if verdict.kind == "mismatch":
             key = tuple(r.collective for r in reports)
             if self._suspect == key or verdict.certain:  # otherwise a second look must agree
@@ -383,7 +407,7 @@ class Stall:
         """What the last look found ``ranks`` doing ("" before any look)."""
         if self.verdict is None:
             return ""
-        sides = self.verdict.sides
+        sides = self.verdict.sides_at(self._watch.clock())
         named = [f"rank {r} {_as_said(sides[r])}" for r in ranks[:NAMED] if r in sides]
         return "; ".join(named + ([f"and {len(ranks) - NAMED} more"] if len(ranks) > NAMED else []))
 
@@ -403,7 +427,11 @@ class Stall:
             if text is None:
                 reports.append(Report(None, [], False, -1.0))
                 continue
-            status = json.loads(text)
+            status = parse_status(text)
+            if status is None:
+                watch.board.log.seal.tally.note("statuses that are not one")
+                reports.append(Report(None, [], False, -1.0))
+                continue
             age = max(time.time() - float(status["at"]), 0.0)
             comms = status["comms"]
             entry = comms.get(watch.board.name)

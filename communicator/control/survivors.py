@@ -7,29 +7,31 @@ reported lost), or the timeout passed. The first caller to get there proposes th
 ``compare_set`` on the outcome key, which keeps the first proposal: every caller returns that one,
 so all survivors get the same answer even when a member dies during the call (its entry counts
 if the proposal saw it). A member that is alive but never calls is left out once the timeout
-passes; one that calls after the outcome was fixed reads it.
+passes; one that calls after the outcome was fixed reads it. The loops poll at the pace of
+:class:`~communicator.control.board.Pacer`: about one store request a second once a wait lasts.
 
 A shrink has a second step: before the new group forms, every chosen member says it is ready.
-A chosen member that dies before that moves every caller to the next *round*, which chooses
-again without it; forming a group with a dead member would wait out the group's timeout.
+A chosen member that dies before that, or is not ready by the shrink's timeout (given at least
+:data:`READY_SECONDS` after the choice), moves every caller to the next *round*, which chooses
+again among the members chosen before, without the dead or late ones (the first caller to see
+them late names them for all); forming a group with a dead or stalled member would wait out the
+group's timeout.
 """
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 
-from communicator.control.board import FailureBoard, backoff
+from communicator.control.board import FailureBoard, Pacer
 from communicator.control.log import guarded_store
-from communicator.errors import CommError, CommTimeoutError, ExcludedError
+from communicator.control.ranks import listed
+from communicator.errors import CommError, ExcludedError
 
-__all__ = ["Survivors"]
+__all__ = ["READY_SECONDS", "Survivors"]
 
-
-def _ranks(text: str) -> set[int]:
-    """The ranks of entries ``rank;`` or ``rank:value;``."""
-    return {int(entry.split(":")[0]) for entry in text.split(";") if entry}
+#: How long the chosen members of a shrink have to get ready at least, whatever the timeout left.
+READY_SECONDS = 5.0
 
 
 class Survivors:
@@ -38,8 +40,13 @@ class Survivors:
     def __init__(self, board: FailureBoard, rank: int) -> None:
         self._board, self._rank = board, rank
         self._store, self._prefix = board.keys, board.name
+        self._size = len(board.members)
         self._round_key = f"{board.name}shrink/round"  # the shrink round in progress
         self._agreements = 0
+
+    def _ranks(self, text: bytes) -> set[int]:
+        """The members named by entries ``rank;`` or ``rank:value;`` (others are skipped)."""
+        return listed(text.decode(errors="replace"), self._size, ";")
 
     def _gone(self, ranks: set[int]) -> set[int]:
         """Those of ``ranks`` (local) whose process is gone: reported lost, or found so here."""
@@ -48,22 +55,35 @@ class Survivors:
         hosts, members = self._board.hosts, self._board.members
         return {r for r in ranks if r in lost or hosts.gone(members[r])}
 
-    def _settle(self, entries: str, outcome: str, mine: str, limit: float, propose: Callable[[set[int]], str]) -> str:
-        """Add ``mine`` to key ``entries``; return the outcome fixed under key ``outcome``."""
-        store, everyone = self._store, set(range(len(self._board.members)))
-        if guarded_store(lambda: store.check([outcome])):
-            return guarded_store(lambda: store.get(outcome)).decode()
+    def _settle(
+        self,
+        entries: str,
+        outcome: str,
+        mine: str,
+        limit: float,
+        propose: Callable[[set[int]], str],
+        candidates: set[int] | None = None,
+    ) -> str:
+        """Add ``mine`` to key ``entries``; return the outcome fixed under key ``outcome``, chosen
+        among ``candidates`` (default: every member)."""
+        store = self._store
+        everyone = set(range(self._size)) if candidates is None else candidates
+        fixed = guarded_store(lambda: store.peek(outcome))
+        if fixed is not None:
+            return fixed.decode(errors="replace")
         guarded_store(lambda: store.append(entries, mine))
-        deadline, pause = time.monotonic() + limit, backoff(0.005, 0.5)
+        deadline, pause = time.monotonic() + limit, Pacer(store, 0.005)
         while True:
-            if guarded_store(lambda: store.check([outcome])):
-                return guarded_store(lambda: store.get(outcome)).decode()
-            present = _ranks(guarded_store(lambda: store.get(entries)).decode())
+            fixed = guarded_store(lambda: store.peek(outcome))
+            if fixed is not None:
+                return fixed.decode(errors="replace")
+            present = self._ranks(guarded_store(lambda: store.get(entries))) & everyone
             missing = everyone - present
             if not missing - self._gone(missing) or time.monotonic() > deadline:
                 joined = present - self._gone(present - {self._rank})
-                return guarded_store(functools.partial(store.compare_set, outcome, "", propose(joined))).decode()
-            time.sleep(pause())
+                chosen = propose(joined)
+                return store.compare_set(outcome, "", chosen).decode(errors="replace")
+            time.sleep(min(pause(), max(deadline - time.monotonic(), 0.001)))
 
     def agree(self, flag: bool, limit: float) -> bool:
         """The logical AND of ``flag`` over the members that took part (see the module docstring)."""
@@ -72,54 +92,73 @@ class Survivors:
         entries = f"{key}/votes"
 
         def propose(joined: set[int]) -> str:
-            text = guarded_store(lambda: self._store.get(entries)).decode()
-            votes = dict(entry.split(":") for entry in text.split(";") if entry)
-            return "1" if all(votes[str(r)] == "1" for r in joined) else "0"
+            text = guarded_store(lambda: self._store.get(entries)).decode(errors="replace")
+            votes = dict(entry.partition(":")[::2] for entry in text.split(";") if entry)
+            return "1" if all(votes.get(str(r)) == "1" for r in joined) else "0"
 
         return self._settle(entries, f"{key}/result", f"{self._rank}:{int(flag)};", limit, propose) == "1"
 
     def shrink(self, limit: float, patience: float) -> tuple[int, list[int]]:
         """The round that formed and the members (local ranks, in order) of the shrunk
         communicator, once every one of them is ready; ``ExcludedError`` for a rank left out.
-        Members are waited for ``limit`` seconds; the chosen ones (all inside ``shrink()``)
-        get ready within ``patience``."""
+        Members are waited for ``limit`` seconds; the chosen ones get ready by then, or within
+        :data:`READY_SECONDS` (``patience``, if shorter) of the choice."""
         deadline = time.monotonic() + limit
         store, round_key = self._store, self._round_key
         while True:
             number = guarded_store(lambda: store.add(round_key, 0))
             key = f"{self._prefix}shrink{number}"
-            left = max(deadline - time.monotonic(), 0.0)
-            settled = self._settle(f"{key}/joined", f"{key}/members", f"{self._rank};", left, _listed)
-            chosen = sorted(_ranks(settled))
+            candidates = self._candidates(number)
+            left = max(deadline - time.monotonic(), 0.0 if candidates is None else min(READY_SECONDS, patience))
+            settled = self._settle(f"{key}/joined", f"{key}/members", f"{self._rank};", left, _listed, candidates)
+            chosen = sorted(self._ranks(settled.encode()))
             if self._rank not in chosen:
                 raise ExcludedError(
                     f"shrink() on rank {self._rank}: the survivors formed their communicator without this rank "
-                    "(it did not call shrink() in time, or was found gone)"
+                    "(it did not call shrink() in time, was not ready in time, or was found gone)"
                 )
-            if self._ready(key, number, set(chosen), time.monotonic() + patience):
+            ready_by = max(deadline, time.monotonic() + min(READY_SECONDS, patience))
+            if self._ready(key, number, set(chosen), ready_by):
                 return number, chosen
+
+    def _candidates(self, number: int) -> set[int] | None:
+        """Who round ``number`` chooses among: every member in the first round; after a round
+        that did not form, the members it chose but those that were late (the dead ones are found
+        gone anyway). One request in a later round, two after a round with late members."""
+        if number == 0:
+            return None
+        before = f"{self._prefix}shrink{number - 1}"
+        chosen = guarded_store(lambda: self._store.peek(f"{before}/members"))
+        if chosen is None:
+            return None
+        late = guarded_store(lambda: self._store.peek(f"{before}/late"))
+        return self._ranks(chosen) - self._ranks(late or b"")
 
     def abandon(self, number: int) -> None:
         """Round ``number`` could not form its communicator: the next ``shrink()`` chooses again."""
         guarded_store(lambda: self._store.compare_set(self._round_key, str(number), str(number + 1)))
 
     def _ready(self, key: str, number: int, chosen: set[int], deadline: float) -> bool:
-        """Wait until every chosen member is ready; ``False`` when one died first (next round)."""
+        """Wait until every chosen member is ready; ``False`` when one died first, or was not
+        ready by ``deadline`` (next round, without it). The store's handle raises ``PeerLostError``
+        for a store that is gone, as each request here does."""
         store = self._store
         guarded_store(lambda: store.append(f"{key}/ready", f"{self._rank};"))
-        pause = backoff(0.005, 0.5)
+        pause = Pacer(store, 0.005, 0.5)
         while True:
-            ready = _ranks(guarded_store(lambda: store.get(f"{key}/ready")).decode())
+            if store.add(self._round_key, 0) != number:  # given up (a member was late or died), ready or not
+                return False
+            ready = self._ranks(store.get(f"{key}/ready"))
             if chosen <= ready:
                 return True
-            if guarded_store(lambda: store.add(self._round_key, 0)) != number:
-                return False
             if self._gone(chosen - ready):
                 self.abandon(number)
                 return False
             if time.monotonic() > deadline:
-                late = sorted(chosen - ready)
-                raise CommTimeoutError(f"shrink() on rank {self._rank}: ranks {late} were chosen but never got ready")
+                late = "".join(f"{r};" for r in sorted(chosen - ready))
+                store.compare_set(f"{key}/late", "", late)  # the first to see them late names them for all
+                self.abandon(number)
+                return False
             time.sleep(pause())
 
 

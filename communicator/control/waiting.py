@@ -59,6 +59,8 @@ FIRST_SLICE_SECONDS = 0.05
 _FIRST = timedelta(seconds=FIRST_SLICE_SECONDS)
 #: How long a receive may wait after its peer closed (whatever the peer sent has arrived by then).
 CLOSED_GRACE_SECONDS = 1.0
+#: How long a transport's lost connection waits for the peer's process to be seen gone, and in how many looks.
+_EXITING_SECONDS, _EXITING_LOOKS = 1.0, 5
 _LOST = ("Connection closed by peer", "Connection reset", "Broken pipe", "Socket closed", "ECONNRESET")
 
 
@@ -254,9 +256,15 @@ def wait(
 
 
 def _look(board: FailureBoard, rank: int, seq: int, what: str, stall: Stall | None) -> None:
-    board.check(rank, seq, what)
-    if stall is not None:
-        stall.tick(time.monotonic())
+    """Look at the board and judge the stall; only a ``CommError`` leaves it (whatever the store held)."""
+    try:
+        board.check(rank, seq, what)
+        if stall is not None:
+            stall.tick(time.monotonic())
+    except CommError:
+        raise
+    except Exception as error:
+        raise CommError(f"{what} on rank {rank}: the control plane failed: {type(error).__name__}: {error}") from error
 
 
 def _timed_out(what: str, rank: int, limit: float | None, stall: Stall | None, detail: str = "") -> CommTimeoutError:
@@ -320,8 +328,16 @@ def translate(
     text = str(error)
     first_line = text.splitlines()[0] if text else type(error).__name__
     if any(marker in text for marker in _LOST):
+        try:  # a peer's process closes its connections as it exits, a moment before it is gone
+            for _ in range(_EXITING_LOOKS):
+                time.sleep(_EXITING_SECONDS / _EXITING_LOOKS)
+                board.check(rank, seq, what)
+        except CommError as known:
+            return known
+        # the transport's own words (gloo's "[.../pair.cc:...] Connection closed by peer ...") stay the cause
         return PeerLostError(
-            f"{what} on rank {rank}: a peer was lost (its process died or closed the connection): {first_line}"
+            f"{what} on rank {rank}: a peer was lost: its process died or closed its connection to this rank "
+            "(the transport's error is the cause)"
         )
     if "timed out" in text.lower():
         return _timed_out(what, rank, limit, stall, first_line)
