@@ -227,7 +227,7 @@ class Report(NamedTuple):
             )
         entry = self.entry
         if entry is None:
-            return "has no such communicator open (it closed it, or never made it)"
+            return "has not shown this communicator in its status (it has not used it yet, or closed it)"
         if entry["op"]:
             kind = " (point-to-point)" if entry.get("p2p") else f" #{entry['seq']}"
             sizes = f" {entry['sizes']}" if entry.get("sizes") else ""
