@@ -50,7 +50,10 @@ def write_back(tensor: torch.Tensor, staged: torch.Tensor) -> None:
     """Copy a staged result into the user's tensor when the work was done on a copy."""
     if staged is not tensor:
         with editing(tensor, staged):
-            tensor.copy_(staged.reshape(tensor.shape))
+            if tensor.dtype == torch.bool and staged.device == tensor.device:  # bytes as reduced (True + True: 2)
+                tensor.view(torch.uint8).copy_(staged.view(torch.uint8).reshape(tensor.shape))
+            else:
+                tensor.copy_(staged.reshape(tensor.shape))
 
 
 def homed(finish: Callable[[], T], like: torch.Tensor, device: torch.device) -> Callable[[], T]:

@@ -145,3 +145,16 @@ def test_reduce_scatter_of_complex_parameters() -> None:
     first, second = (torch.tensor([1 + 1j, 2j]) * r for r in (1, 2))
     want = [(first * second).tolist(), (first + second).tolist()]
     assert run_ranks(_complex_parameters, 2) == [want, want]
+
+
+def _bool_sums(comm: Communicator) -> list[list[int]]:
+    whole = torch.ones(4, dtype=torch.bool)
+    strided = torch.ones(8, dtype=torch.bool)[::2]  # not contiguous: reduced on a copy, written back
+    comm.all_reduce(whole)
+    comm.all_reduce(strided)
+    return [whole.view(torch.uint8).tolist(), strided.view(torch.uint8).tolist()]
+
+
+def test_a_bool_sum_is_the_same_on_a_view_as_on_a_whole_tensor() -> None:
+    """torch's gloo sums bools as bytes (True + True is a bool holding 2); a view gets those bytes too."""
+    assert run_ranks(_bool_sums, 2) == [[[2] * 4, [2] * 4]] * 2
