@@ -34,7 +34,7 @@ object collectives, dict reduction, result collection, seed synchronisation and 
                        ``TCPStore``), asked once: failures, closings and stalls reach every
                        rank. ``_teardown(error)``: release the transport, no communication
                        after an error. The control plane's, rarely overridden:
-                       ``_launch_failed(error)`` (the ``CommError`` for a primitive that
+                       ``_start_failed(error)`` (the ``CommError`` for a primitive that
                        refused to start), ``_announce_bad_arguments``, ``_announce_failure``
                        (tell peers; never raise), ``_timed_barrier(timeout)`` (raises
                        ``CommTimeoutError`` naming late ranks), ``_patient_barrier(timeout)``
@@ -385,9 +385,9 @@ class Communicator(
 
     def _object_channel(self) -> Channel:
         """How object bytes travel (default: over the tensor primitives, as uint8 CPU tensors,
-        each started by ``_launch``, so that a start that fails is explained like any other)."""
+        each started by ``_start``, so that a start that fails is explained like any other)."""
         primitives = (self._all_gather, self._broadcast, self._isend, self._irecv)
-        gather, broadcast, send, receive = (functools.partial(self._launch, primitive) for primitive in primitives)
+        gather, broadcast, send, receive = (functools.partial(self._start, primitive) for primitive in primitives)
         return PrimitiveChannel(self.rank, self.world_size, gather, broadcast, send, receive, self._await)
 
     def _control_store(self) -> Store | None:
@@ -464,7 +464,7 @@ class Communicator(
         finally:
             event.wait += time.perf_counter() - started
 
-    def _launch_failed(self, error: RuntimeError) -> CommError:
+    def _start_failed(self, error: RuntimeError) -> CommError:
         """The error to raise when a primitive refuses to start."""
         control = self._plane()
         if control is not None:
@@ -521,24 +521,24 @@ class Communicator(
         return stage(tensor, self.device)
 
     @final
-    def _launch_into(self, tensor: Tensor, start: Callable[..., Work], *args: Any) -> Work:
-        """``_launch`` of a primitive that writes into ``tensor``: where autograd does not record when it
+    def _start_into(self, tensor: Tensor, start: Callable[..., Work], *args: Any) -> Work:
+        """``_start`` of a primitive that writes into ``tensor``: where autograd does not record when it
         is a leaf that requires grad, and in inference mode when it is an inference tensor."""
         if tensor.requires_grad or tensor.is_inference():
             with editing(tensor):
-                return while_editing(self._launch(start, tensor, *args), tensor)  # a transport may write at wait
-        return self._launch(start, tensor, *args)
+                return while_editing(self._start(start, tensor, *args), tensor)  # a transport may write at wait
+        return self._start(start, tensor, *args)
 
     @final
-    def _launch(self, start: Callable[..., Work], *args: Any) -> Work:
+    def _start(self, start: Callable[..., Work], *args: Any) -> Work:
         """Start a primitive; from here on, peers may be waiting in this operation."""
-        self._calls.launched = True
+        self._calls.started = True
         try:
             return start(*args)
         except CommError:
             raise
         except RuntimeError as error:
-            raise self._launch_failed(error) from error
+            raise self._start_failed(error) from error
 
     @overload
     def _complete(self, works: Sequence[Work], finish: Callable[[], T], async_op: Literal[False]) -> T: ...
@@ -556,7 +556,7 @@ class Communicator(
     @final
     def _objects(self) -> protocol.Port:
         """The object protocol's view of this communicator; using it starts communicating."""
-        self._calls.launched = True
+        self._calls.started = True
         if self._port is None:
             receive = self.device if self.device.type != "cpu" else None
             self._port = protocol.Port(self._object_channel(), self._codec, receive, self.config.object_buffer_bytes)
@@ -573,7 +573,7 @@ class Communicator(
         """Debug mode: every rank shows its call; any difference raises on every rank."""
         mine = json.dumps(fingerprint(op, self._calls.seq, arguments, site)).encode()
         check_fingerprints([json.loads(side) for side in protocol.all_gather_bytes(self._objects().channel, mine)])
-        self._calls.launched = False  # the operation itself has not started
+        self._calls.started = False  # the operation itself has not started
 
 
 #: What every operation runs through, written once here: a subclass cannot define these names.

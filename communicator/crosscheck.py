@@ -68,7 +68,7 @@ def check_arguments(comm: Any, arguments: tuple[Any, ...], labels: Sequence[str]
         _compare(comm, side_of(arguments, labels), calls.seq)
     finally:
         record[OP] = name
-        calls.launched = False  # the operation itself has not started
+        calls.started = False  # the operation itself has not started
     memory.checked(arguments)
 
 
@@ -105,7 +105,7 @@ def _compare(comm: Any, mine: str, seq: int) -> None:
     rank, world = comm.rank, comm.world_size
 
     def start(row: np.ndarray, peer: int, send: bool) -> Any:
-        return comm._launch(comm._isend if send else comm._irecv, torch.from_numpy(row), peer, CHECK_TAG)
+        return comm._start(comm._isend if send else comm._irecv, torch.from_numpy(row), peer, CHECK_TAG)
 
     if rank == 0:
         rows = [np.zeros(_SIDE_BYTES, dtype=np.uint8) for _ in range(world - 1)]

@@ -16,7 +16,7 @@ import torch
 
 from communicator.errors import CollectiveMismatchError
 
-__all__ = ["check_fingerprints", "describe_arguments", "fingerprint"]
+__all__ = ["check_fingerprints", "summarise_arguments", "fingerprint"]
 
 
 def _summary(value: Any, how: str) -> Any:
@@ -35,7 +35,7 @@ def _summary(value: Any, how: str) -> Any:
     return str(value)
 
 
-def describe_arguments(
+def summarise_arguments(
     signature: inspect.Signature, comm: Any, args: tuple[Any, ...], kwargs: dict[str, Any], match: Sequence[str]
 ) -> dict[str, Any]:
     """The arguments named in ``match``, summarised so that ranks can compare them.

@@ -40,7 +40,7 @@ import torch
 
 from communicator.crosscheck import CheckedArguments
 from communicator.errors import CommError
-from communicator.fingerprints import describe_arguments
+from communicator.fingerprints import summarise_arguments
 from communicator.handles import timeout_seconds
 from communicator.observe.events import RECEIVED, RUNNING, SENT, SIZE, Event, FlightRecorder, finish
 from communicator.observe.stats import Statistics
@@ -129,7 +129,6 @@ class CallState:
         "home",
         "hooking",
         "hooks",
-        "launched",
         "op",
         "ranges",
         "recorder",
@@ -137,6 +136,7 @@ class CallState:
         "running",
         "seq",
         "sinks",
+        "started",
         "thread",
         "timeout",
         "unsettled",
@@ -148,7 +148,7 @@ class CallState:
         self.thread = 0  # the thread running it
         self.op = ""  # the public operation running, or that ran last
         self.seq = 0  # collectives entered so far: the same on every rank of a correct program
-        self.launched = False  # whether the running operation has started communicating
+        self.started = False  # whether the running operation has started communicating
         self.timeout: float | None = None  # the running call's timeout= in seconds; None: the communicator's
         self.refusal: Callable[[str], CommError] | None = None  # why operations are refused, when they are
         self.unsettled = False  # this rank refused its arguments to a collective the others may have started
@@ -251,7 +251,7 @@ def collective(*match: str, p2p: bool = False, name: str | None = None) -> Calla
     """Mark a public method as an operation every call of which goes through the guard.
 
     ``match`` names the arguments debug mode compares across ranks (see
-    :func:`~communicator.fingerprints.describe_arguments`); ``name`` is the operation's name in
+    :func:`~communicator.fingerprints.summarise_arguments`); ``name`` is the operation's name in
     events and messages (default: the method's), for a private method that is part of a public one.
     """
 
@@ -285,7 +285,7 @@ def guarded(method: F, spec: Spec) -> F:
         try:
             if calls.refusal is not None:
                 raise calls.refusal(name)
-            calls.thread, calls.op, calls.launched = threading.get_ident(), name, False
+            calls.thread, calls.op, calls.started = threading.get_ident(), name, False
             if not spec.p2p:
                 calls.seq += 1
             record = calls.start(spec, self, args, kwargs)  # after the refusal: rank and size are known
@@ -295,24 +295,24 @@ def guarded(method: F, spec: Spec) -> F:
                 if kwargs and "timeout" in kwargs:  # the call's own, for its every wait (a TypeError or
                     calls.timeout = timeout_seconds(kwargs["timeout"], name)  # ValueError: refused below)
                 if self.config.debug and not spec.p2p:
-                    arguments = describe_arguments(spec.signature, self, args, kwargs, spec.match)
+                    arguments = summarise_arguments(spec.signature, self, args, kwargs, spec.match)
                     self._compare_fingerprints(name, arguments, Event(record).site)
                 result = method(self, *args, **kwargs)
             except _TRANSPORT_ERRORS as raw:  # torch's own, from a store or transport that is gone
                 if isinstance(raw, CommError):
                     raise
-                error = self._launch_failed(raw)
+                error = self._start_failed(raw)
                 calls.end(record, error)
                 raise error from raw
             except BaseException as error:
                 calls.end(record, error)
-                if self.config.trace_dir is not None and (calls.launched or isinstance(error, CommError)):
+                if self.config.trace_dir is not None and (calls.started or isinstance(error, CommError)):
                     self._dump_after(error)
                 raise
             calls.end(record, None)
             return result
         except (TypeError, ValueError) as error:
-            if not calls.launched:  # peers may already wait in this operation: release them
+            if not calls.started:  # peers may already wait in this operation: release them
                 self._announce_bad_arguments(error, name, not spec.p2p)
             raise
         finally:

@@ -165,7 +165,7 @@ def test_the_machinery_cannot_be_overridden() -> None:
     from communicator import Communicator
     from communicator.base import MACHINERY
 
-    assert {"_wait", "_await", "_launch", "_plane", "_complete"} <= MACHINERY
+    assert {"_wait", "_await", "_start", "_plane", "_complete"} <= MACHINERY
     with pytest.raises(TypeError, match="_wait"):
         type("Sloppy", (Communicator,), {"_wait": lambda self, works, timeout=None: None})
 

@@ -118,7 +118,7 @@ def settle_seconds(stall_seconds: float) -> float:
     return max(WATCH_SECONDS, min(3.0, stall_seconds / 2 - BEAT_SECONDS))
 
 
-def describe(calls: CallState) -> dict[str, Any]:
+def status_of(calls: CallState) -> dict[str, Any]:
     """What one communicator is doing, as its status says it (read from another thread: one read
     of each field, so a change in between only makes the status a beat old)."""
     running, last = calls.event, calls.recorder.last()
@@ -169,7 +169,7 @@ class Watcher:
             self._thread.join(timeout=2 * BEAT_SECONDS)
 
     def status(self) -> dict[str, Any]:
-        comms = {name: describe(calls) for name, calls in list(self._comms.items())}
+        comms = {name: status_of(calls) for name, calls in list(self._comms.items())}
         return {"host": socket.gethostname(), "pid": os.getpid(), "beat": self._beat, "at": time.time(), "comms": comms}
 
     def beat(self, now: float) -> bool:
@@ -421,7 +421,7 @@ class Stall:
         reports: list[Report] = []
         for rank in self._judged:
             if rank == self._rank:  # this rank's own state, live
-                reports.append(Report(describe(watch.calls), [], True))
+                reports.append(Report(status_of(watch.calls), [], True))
                 continue
             text = next(raw)
             if text is None:
@@ -469,7 +469,7 @@ class Stall:
         return True
 
     def _warn(self, verdict: Verdict, now: float) -> None:
-        mine = describe(self._watch.calls)
+        mine = status_of(self._watch.calls)
         call = f"{self._what} #{mine.get('seq')} at {mine.get('site', 'unknown')}"
         found = self.explain().removesuffix(_CAUSE)
         logger.warning(

@@ -64,8 +64,8 @@ class TensorHost(Protocol):
     def _await(self, works: Sequence[Work], timeout: float | None = None) -> None: ...
     def _timed_barrier(self, timeout: float) -> None: ...
     def _stage(self, tensor: Tensor) -> Tensor: ...
-    def _launch(self, start: Callable[..., Work], *args: Any) -> Work: ...
-    def _launch_into(self, tensor: Tensor, start: Callable[..., Work], *args: Any) -> Work: ...
+    def _start(self, start: Callable[..., Work], *args: Any) -> Work: ...
+    def _start_into(self, tensor: Tensor, start: Callable[..., Work], *args: Any) -> Work: ...
     @overload
     def _complete(self, works: Sequence[Work], finish: Callable[[], T], async_op: Literal[False]) -> T: ...
     @overload
@@ -99,9 +99,9 @@ class TensorOperations:
         """
         limit = timeout_seconds(timeout, "barrier")
         if limit is None:
-            self._await([self._launch(self._barrier)])
+            self._await([self._start(self._barrier)])
         else:
-            self._calls.launched = True
+            self._calls.started = True
             self._timed_barrier(limit)
 
     def _reducer(self: TensorHost, name: str, dtype: torch.dtype) -> Callable[[Tensor, str], Work]:
@@ -129,11 +129,11 @@ class TensorOperations:
         keep = staged.clone() if exact else staged
         wire_op = "sum" if mean else name
         if dst is None or exact:
-            work = self._launch_into(staged, self._reducer(name, dtype), wire_op)
+            work = self._start_into(staged, self._reducer(name, dtype), wire_op)
         elif _over_p2p(name, dtype):
-            work = self._launch_into(staged, functools.partial(derived.reduce, self), dst, wire_op)
+            work = self._start_into(staged, functools.partial(derived.reduce, self), dst, wire_op)
         else:
-            work = self._launch_into(staged, self._reduce, dst, wire_op)
+            work = self._start_into(staged, self._reduce, dst, wire_op)
         receives = dst is None or self.rank == dst
         if CallState.observers:  # bytes are for statistics and hooks
             n = tensor.nbytes
@@ -277,7 +277,7 @@ class TensorOperations:
         src = check_rank("src", src, self.world_size)
         check_arguments(self, key("broadcast", tensor, src), ("src",))
         staged = self._stage(tensor)
-        work = self._launch_into(staged, self._broadcast, src)
+        work = self._start_into(staged, self._broadcast, src)
         if CallState.observers:  # bytes are for statistics and hooks
             n = tensor.nbytes
             sent = n if src == self.rank else 0
@@ -344,7 +344,7 @@ class TensorOperations:
             outputs = [torch.empty_like(source) for _ in range(self.world_size)]
             outputs[self.rank].copy_(source)
             self._calls.count(source.nbytes, source.nbytes * (self.world_size - 1), source.nbytes * self.world_size)
-            works = [self._launch(self._all_gather, outputs, source)] if self.world_size > 1 else []
+            works = [self._start(self._all_gather, outputs, source)] if self.world_size > 1 else []
             return self._complete(works, homed(lambda: outputs, tensor, self.device), async_op)
         arguments = ("all_gather", source.dtype, source.dim(), bool(same_shape))
         check_arguments(self, arguments, ("dtype", "ndim", "same_shape"))
@@ -357,7 +357,7 @@ class TensorOperations:
         total = sum(m.nbytes for m in metas)
         self._calls.count(source.nbytes, total - source.nbytes, total)
         if all(m.data is None and m.shape == source.shape for m in metas) and self.world_size > 1:
-            works = [self._launch(self._all_gather, outputs, source)]
+            works = [self._start(self._all_gather, outputs, source)]
         else:  # what did not travel inline goes point to point, whoever else did or did not
             others = [r for r in range(self.world_size) if r != self.rank]
             works = self._transfers({} if mine_inline else dict.fromkeys(others, source), waiting)
@@ -518,7 +518,7 @@ class TensorOperations:
         if exact_mean or _over_p2p(name, output.dtype):
             flat = torch.cat([t.detach().reshape(-1) for t in inputs])  # written in place: no autograd
             start, keep = sum(t.numel() for t in inputs[: self.rank]), flat.clone()
-            work = self._launch(self._reducer(name, flat.dtype), flat, "sum" if exact_mean else name)
+            work = self._start(self._reducer(name, flat.dtype), flat, "sum" if exact_mean else name)
 
             def exact() -> Tensor:
                 if exact_mean:
@@ -526,7 +526,7 @@ class TensorOperations:
                 return output.copy_(flat[start : start + output.numel()].reshape(output.shape))
 
             return self._complete([work], homed(exact, given[self.rank], self.device), async_op)
-        work = self._launch(self._reduce_scatter, output, inputs, "sum" if name == "mean" else name)
+        work = self._start(self._reduce_scatter, output, inputs, "sum" if name == "mean" else name)
 
         def finish() -> Tensor:
             if name == "mean":
@@ -579,7 +579,7 @@ class TensorOperations:
         """Start sending ``tensor`` to rank ``dst``; ``wait()`` the handle before reusing the tensor."""
         tensor = check_tensor("tensor", tensor)
         dst, tag = check_peer("dst", dst, self.rank, self.world_size), check_tag(tag)
-        work = self._launch(self._isend, self._stage(tensor).detach(), dst, tag)
+        work = self._start(self._isend, self._stage(tensor).detach(), dst, tag)
         self._calls.count(tensor.nbytes, 0, tensor.nbytes)
         return Handle([work], lambda: None, self._wait, self._calls.timeout)
 
@@ -591,7 +591,7 @@ class TensorOperations:
         tensor = check_output("tensor", tensor)
         src, tag = check_peer("src", src, self.rank, self.world_size), check_tag(tag)
         staged = self._stage(tensor)
-        work = self._launch_into(staged, self._irecv, src, tag)
+        work = self._start_into(staged, self._irecv, src, tag)
         self._calls.count(0, tensor.nbytes, tensor.nbytes)
 
         def finish() -> torch.Tensor:
@@ -622,8 +622,8 @@ class TensorOperations:
         self: TensorHost, sends: Mapping[int, torch.Tensor], recvs: Mapping[int, torch.Tensor]
     ) -> list[Work]:
         """Point-to-point transfers of the library's own (receives first, on the library's tag)."""
-        works = [self._launch(self._irecv, t, r, TRANSFER_TAG) for r, t in recvs.items()]
-        return works + [self._launch(self._isend, t, r, TRANSFER_TAG) for r, t in sends.items()]
+        works = [self._start(self._irecv, t, r, TRANSFER_TAG) for r, t in recvs.items()]
+        return works + [self._start(self._isend, t, r, TRANSFER_TAG) for r, t in sends.items()]
 
 
 def _over_p2p(name: str, dtype: torch.dtype) -> bool:

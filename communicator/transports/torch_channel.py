@@ -57,16 +57,16 @@ class TorchChannel:
         rank: int,
         group: dist.ProcessGroup,
         group_rank_of: list[int],
-        launch: Callable[..., Work],
+        start: Callable[..., Work],
         wait: Callable[[Sequence[Work]], None],
         local_size: int = 1,
     ) -> None:
-        """``launch(start, *args)`` starts a transfer or collective (explaining a start that fails,
+        """``start(primitive, *args)`` starts a transfer or collective (explaining a start that fails,
         as a peer that closed makes it), ``wait(works)`` finishes them; ``local_size``: the ranks
         of the job on this rank's host. Made by every rank of the group at once (its first object
         operation): at 2 ranks they agree there how headers travel."""
         self.rank, self.world_size = rank, len(group_rank_of)
-        self._group, self._group_rank_of, self._launch, self._wait = group, group_rank_of, launch, wait
+        self._group, self._group_rank_of, self._begin, self._wait = group, group_rank_of, start, wait
         world = self.world_size
         # Whether headers go point to point (see POINT_TO_POINT_RANKS and POINT_TO_POINT_CPUS)
         self._point_to_point = 2 < world <= POINT_TO_POINT_RANKS or (world == 2 and self._cpus_to_spare(local_size))
@@ -93,7 +93,7 @@ class TorchChannel:
         rows = [torch.empty(header.size, dtype=torch.uint8) for _ in range(world)]
         ordered = [rows[self._group_rank_of.index(g)] for g in range(world)]  # torch's rank order
         # gloo's list form: faster than all_gather_into_tensor for small headers
-        self._wait([self._launch(self._group.allgather, [ordered], [torch.from_numpy(header)])])
+        self._wait([self._begin(self._group.allgather, [ordered], [torch.from_numpy(header)])])
         return [row.numpy() for row in rows]
 
     def gather_answer(
@@ -154,7 +154,7 @@ class TorchChannel:
 
     def _collective(self, start: Callable[..., Work], *arguments: Any) -> None:
         """Start one of the group's own collectives (see :mod:`~communicator.transports.torch_options`), and wait."""
-        self._wait([self._launch(start, *arguments)])
+        self._wait([self._begin(start, *arguments)])
 
     def _records(self, sends: Moves, recvs: Moves) -> None:
         self._wait(self._start(sends, recvs, RECORD_TAG))
@@ -164,11 +164,11 @@ class TorchChannel:
         group = self._group  # its own methods: torch's module functions check again what is known
         for peer, array in recvs:  # receives first: no send waits for one never posted
             group_peer = self._group_rank_of[peer]
-            work = self._launch(group.recv, [torch.from_numpy(array)], group_peer, tag)
+            work = self._begin(group.recv, [torch.from_numpy(array)], group_peer, tag)
             works.append(PointToPoint(work, peer, self._cut(group_peer)))
         for peer, array in sends:
             group_peer = self._group_rank_of[peer]
-            work = self._launch(group.send, [torch.from_numpy(array)], group_peer, tag)
+            work = self._begin(group.send, [torch.from_numpy(array)], group_peer, tag)
             works.append(PointToPoint(work, peer, self._cut(group_peer)))
         return works
 

@@ -295,7 +295,7 @@ class TorchComm(Communicator):
     @override
     def _object_channel(self) -> TorchChannel:
         companion, local_size = self._scope.companion, self._scope.topology.local_size
-        return TorchChannel(self._rank, companion, self._group_rank_of, self._launch, self._await, local_size)
+        return TorchChannel(self._rank, companion, self._group_rank_of, self._start, self._await, local_size)
 
     @override
     def _control_plane(self) -> Control:
