@@ -16,8 +16,9 @@ wait takes a timeout, it gives every communicator:
 Its cost is flat per rank and linear in the job: O(1) requests per rank to start; while no
 operation waits, only a status write when a process settles somewhere new or its heartbeat is
 due (every 5 s, less often past 2,500 ranks); about one request a second while one waits; O(N) in
-all for a failure or a stall beat.
-``communicator bench --cases control-plane`` counts them for virtual ranks.
+all for a failure or a stall beat, and O(N) requests and bytes in all when every rank posts (past
+the first 16 of a kind, posts are counted, not recorded: see :mod:`communicator.control.board`).
+``python -m benchmarks.control_plane`` counts requests, keys and bytes for virtual ranks.
 """
 
 from communicator.control.plane import Control, World

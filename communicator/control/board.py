@@ -14,16 +14,16 @@ import contextlib
 import functools
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from communicator.control.liveness import Hosts, alive
 from communicator.control.log import EventLog, Record, StoreHandle, guarded_store
+from communicator.control.polls import PACE_BURST, Pacer, backoff
 from communicator.control.ranks import Spans, listed, spans_text
 from communicator.errors import (
     CollectiveMismatchError,
     CommError,
-    CommTimeoutError,
     PeerClosedError,
     PeerLostError,
     RemoteError,
@@ -31,42 +31,15 @@ from communicator.errors import (
     RevokedError,
 )
 
-__all__ = ["ECHOES", "FailureBoard", "Pacer", "backoff"]
+__all__ = ["ECHOES", "NAMED_RECORDS", "PACE_BURST", "FailureBoard", "Pacer", "backoff"]
 
 #: Failures that only report another rank's (a rank released by a peer's failure): not posted
 #: again, since every waiter of the board reads the original.
 ECHOES = ("RemoteError", "PeerClosedError")
-
-
-def backoff(first: float, cap: float) -> Callable[[], float]:
-    """Pauses that double from ``first`` to ``cap``: prompt for a short wait, about one request
-    per ``cap`` seconds for a long one."""
-    pause = first / 2
-
-    def step() -> float:
-        nonlocal pause
-        pause = min(pause * 2, cap)
-        return pause
-
-    return step
-
-
-#: Store requests a polling loop makes at once before its pace (one a second) applies.
-PACE_BURST = 8
-
-
-class Pacer:
-    """The pauses of a loop that polls the store: doubling from ``first`` to ``cap`` (prompt for a
-    short wait), and long enough that once :data:`PACE_BURST` requests are spent, this process's
-    requests (all of them, any thread's) stay at about one a second, however long the wait lasts."""
-
-    def __init__(self, store: StoreHandle, first: float, cap: float = 1.0) -> None:
-        self._store, self._started, self._base = store, time.monotonic(), store.requests
-        self._backoff = backoff(first, cap)
-
-    def __call__(self) -> float:
-        ahead = (self._store.requests - self._base - PACE_BURST) - (time.monotonic() - self._started)
-        return max(self._backoff(), ahead)
+#: Records of one kind that a board's log carries for one event every member may post (failures,
+#: refusals of one operation, closings): the rest are counted, and their details kept in keys of
+#: their own, so that each reader reads O(1) records however many ranks post.
+NAMED_RECORDS = 16
 
 
 class FailureBoard:
@@ -82,8 +55,10 @@ class FailureBoard:
         local_size: int,
         parent: FailureBoard | None = None,
     ) -> None:
-        self.name, self.members, self.log, self.hosts = name, tuple(members), log, hosts
-        self._index = {world: rank for rank, world in enumerate(self.members)}  # world rank -> rank here
+        # A range stays one (the world's board, of every virtual rank of the simulation: O(1) each)
+        self.members: Sequence[int] = members if isinstance(members, range) else tuple(members)
+        self.log, self.hosts, self.name = log, hosts, name
+        self._index: dict[int, int] | None = None  # world rank -> rank here, made when first asked
         self._store, self._local_size, self._parent = store, local_size, parent
         self._names = self._lineage()
         self._taken = dict.fromkeys(self._names, 0)  # records of each heeded board already taken
@@ -94,10 +69,11 @@ class FailureBoard:
         self._counted: set[int] = set()  # refused collectives whose counters this rank made
         self._left = False  # whether this rank left an operation because of a refusal
         self._closed: dict[int, tuple[int, str]] = {}  # local rank -> (collectives completed, last)
+        self._refused_then_closed: dict[int, int] = {}  # local rank -> the collective it refused before closing
         self._lost: dict[int, str] = {}  # local rank -> why its process is gone
         self._mismatch: CollectiveMismatchError | None = None
         self.verdicts: dict[int, Record] = {}  # seq -> the stall judge's latest verdict
-        self._barriers = 0
+        self.barriers = 0  # barriers through the store so far (see :mod:`communicator.control.barrier`)
         self._statuses_complete = False  # whether every member has published a status
         self._children = 0
         self._released = False
@@ -139,19 +115,35 @@ class FailureBoard:
         if not self._released:
             self.log.post({"kind": kind, "board": self.name, "rank": rank, **fields})
 
+    def _named(self, counter: str) -> bool:
+        """Count one more post of a kind under ``counter``: whether it is among the first
+        :data:`NAMED_RECORDS` (then it is recorded in the log too)."""
+        try:
+            return self._store.add(f"{self.name}{counter}", 1) <= NAMED_RECORDS
+        except Exception:  # noqa: BLE001 - the store may be gone: the post says what it can
+            return True
+
     def post(self, failure: RemoteFailure) -> None:
-        """Announce that local rank ``failure.rank`` failed for good (echoes are not posted again)."""
-        if failure.error_type not in ECHOES:
-            self._post("fail", failure.rank, failure=failure.to_json().decode())
+        """Announce that local rank ``failure.rank`` failed for good (echoes are not posted again);
+        the first failures are enough for every reader: past :data:`NAMED_RECORDS` a failure is
+        counted and kept under a key of its own, not recorded."""
+        if failure.error_type in ECHOES or self._released:
+            return
+        text = failure.to_json().decode()
+        if self._named("failures"):
+            self._post("fail", failure.rank, failure=text)
+        else:
+            with contextlib.suppress(Exception):
+                self._store.set(f"{self.name}failure/{failure.rank}", text)
 
     def post_input(self, seq: int, failure: RemoteFailure, collective: bool) -> None:
         """Announce that ``failure.rank`` refused its arguments to operation number ``seq`` (the
         collective of that number, or a point-to-point operation after it)."""
-        self._post("input", failure.rank, seq=seq, collective=collective, failure=failure.to_json().decode())
         if collective:  # known here at once: the log may show the others' before this rank's own
             self._refusals.setdefault(seq, set()).add(failure.rank)
-            with contextlib.suppress(Exception):  # reporting the refusal matters more
-                self._store.add(f"{self.name}refused{seq}", 1)
+        # the refusals of a collective are counted (settling ranks read the count); the first are recorded
+        if self._named(f"refused{seq}" if collective else f"inputs{seq}"):
+            self._post("input", failure.rank, seq=seq, collective=collective, failure=failure.to_json().decode())
 
     def _leave(self, rank: int) -> None:
         """Count (once) that ``rank`` left an operation unfinished because of a refusal: the ranks
@@ -195,18 +187,29 @@ class FailureBoard:
         self._post("revoke", rank)
 
     def post_lost(self, rank: int, peer: int, why: str) -> None:
-        """Announce that local rank ``peer``'s process is gone (found by ``rank``)."""
+        """Announce that local rank ``peer``'s process is gone (found by ``rank``): once, by the
+        first rank to find it (each rank of its host may)."""
+        with contextlib.suppress(Exception):
+            if self._store.add(f"{self.name}lost/{peer}", 1) > 1:
+                return
         self._post("lost", rank, peer=peer, why=why)
 
     def post_verdict(self, rank: int, seq: int, verdict: dict[str, Any]) -> None:
         """The stall judge's verdict on operation ``seq``, for the other waiting members."""
         self._post("verdict", rank, seq=seq, verdict=verdict)
 
-    def post_closed(self, rank: int, seq: int, last: str) -> None:
-        """Announce that ``rank`` closed its communicator after ``seq`` collectives, the last ``last``."""
-        self._post("closed", rank, seq=seq, last=last)
+    def post_closed(self, rank: int, seq: int, last: str, refused: int = -1) -> None:
+        """Announce that ``rank`` closed its communicator after ``seq`` collectives, the last
+        ``last`` (``refused``: the collective it refused before, if any). Every closing is counted
+        and kept under a key of its own; the first :data:`NAMED_RECORDS` are recorded, which is
+        what a waiting member needs: in a program whose members make the same collectives, a
+        later closer has completed no fewer than the first ones."""
+        if self._released:
+            return
         with contextlib.suppress(Exception):  # leaving must never fail
-            self._store.add(f"{self.name}closing", 1)
+            self._store.set(f"{self.name}closed/{rank}", f"{seq} {refused} {last}")
+        if self._named("closing"):
+            self._post("closed", rank, seq=seq, last=last, refused=refused)
 
     # -- looking ---------------------------------------------------------------------------
 
@@ -261,6 +264,7 @@ class FailureBoard:
             self._lost.setdefault(int(record["peer"]), str(record["why"]))
         elif kind == "closed":
             self._closed[rank] = (int(record["seq"]), str(record["last"]))
+            self._refused_then_closed[rank] = int(record.get("refused", -1))
         elif kind == "verdict" and isinstance(record["verdict"], dict):
             self.verdicts[int(record["seq"])] = record["verdict"]
 
@@ -277,9 +281,29 @@ class FailureBoard:
         before it went explains it (read from the store itself: the host's relay may lag)."""
         self.refresh(direct=True)
         self.raise_known(rank, seq, what)
+        if peer not in self._closed and self._closed_past_named(peer):
+            self.raise_known(rank, seq, what)
         if peer not in self._closed:
             self.post_lost(rank, peer, why)
             raise PeerLostError(f"{what} on rank {rank}: rank {peer}: {why}; a peer was lost")
+
+    def _closed_past_named(self, peer: int) -> bool:
+        """Whether ``peer`` closed (its key, for a closing past the recorded ones); one request."""
+        found = guarded_store(lambda: self._store.peek(f"{self.name}closed/{peer}"))
+        done, refused, last = [*found.decode(errors="replace").split(" ", 2), "", ""][:3] if found else ("", "", "")
+        if not done.isdigit() or not refused.lstrip("-").isdigit():
+            return False
+        self._closed[peer], self._refused_then_closed[peer] = (int(done), last), int(refused)
+        return True
+
+    def local_rank(self, world: int) -> int | None:
+        """The rank here of world rank ``world`` (``None``: not a member); O(1) for a range."""
+        members = self.members
+        if isinstance(members, range):
+            return members.index(world) if world in members else None
+        if self._index is None:
+            self._index = {w: rank for rank, w in enumerate(members)}
+        return self._index.get(world)
 
     def raise_known(self, rank: int, seq: int, what: str) -> None:
         """Raise what the records read so far say (no request, but the two that count this rank
@@ -319,7 +343,7 @@ class FailureBoard:
         (no request once every rank of this host has announced itself; the host's ranks only)."""
         dead = {}
         for world, pid in self.hosts.local(self._local_size).items():
-            peer = self._index.get(world)
+            peer = self.local_rank(world)
             if peer is not None and peer != rank and peer not in self._closed and not alive(pid):
                 dead[peer] = pid
         return dead
@@ -351,7 +375,11 @@ class FailureBoard:
             self.refresh(look=self.log.behind(events))
             self.raise_known(rank, 0, what)  # revoked, a mismatch, failures for good, lost ranks
             refusers = self._refusals.get(refused, set())
-            closed = sorted(r for r in self._closed if r not in refusers and r != rank)
+            closed = sorted(
+                r
+                for r in self._closed
+                if r not in refusers and self._refused_then_closed.get(r) != refused and r != rank
+            )
             if closed:
                 raise PeerClosedError(closed[0], *self._closed[closed[0]], f"{what} on rank {rank}")
         for peer, pid in self._dead_here(rank).items():
@@ -392,48 +420,6 @@ class FailureBoard:
                 time.sleep(pause())
         except Exception:  # noqa: BLE001 - leaving must never fail
             pass
-
-    def barrier(
-        self,
-        rank: int,
-        seq: int,
-        timeout: float,
-        what: str,
-        tick: Callable[[float], None],
-        explain: Callable[[list[int]], str],
-    ) -> None:
-        """A barrier through the store that names, on every rank, the ranks that did not arrive:
-        three requests to arrive, then one a look, which reads the arrivals and the log's count
-        (looks back off to one a second); the log itself is read only when its count moved."""
-        self._barriers += 1
-        key = f"{self.name}barrier{self._barriers}"
-        guarded_store(lambda: self._store.append(f"{key}/who", f"{rank},"))
-        arrived = guarded_store(lambda: self._store.add(key, 1))
-        self._store.add("events", 0)  # made: one request reads both counters
-        started, events = time.monotonic(), None
-        pause = backoff(0.001, 1.0)
-        while arrived < len(self.members):
-            try:
-                self.check(rank, seq, what, look=self.log.behind(events))
-            except CommError:
-                # The last ones may have arrived, left and failed later since this rank counted.
-                if guarded_store(lambda: self._store.add(key, 0)) >= len(self.members):
-                    return
-                raise
-            now = time.monotonic()
-            tick(now)
-            if now - started > timeout:
-                text = guarded_store(lambda: self._store.get(f"{key}/who")).decode(errors="replace")
-                present = listed(text, len(self.members))
-                missing = [r for r in range(len(self.members)) if r not in present]
-                found = explain(missing)
-                raise CommTimeoutError(
-                    f"{what} timed out after {timeout:g} s on rank {rank}: ranks {missing} did not arrive"
-                    + (f": {found}" if found else ""),
-                    missing_ranks=missing,
-                )
-            time.sleep(min(pause(), max(timeout - (now - started), 0.001)))
-            arrived, events = self._store.counters([key, "events"])
 
     def elect(self, seq: int, term: int) -> bool:
         """Whether this rank judges the stall of operation ``seq`` for ``term`` (the first to ask does)."""

@@ -12,9 +12,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from communicator.config import CommConfig
-from communicator.control.board import FailureBoard, backoff
+from communicator.control.barrier import barrier_poll
+from communicator.control.board import FailureBoard
 from communicator.control.liveness import Hosts
 from communicator.control.log import LOOK_SECONDS, RANK_ZERO, EventLog, Store, StoreHandle, guarded_store
+from communicator.control.polls import Pacer, Poll, drive
 from communicator.control.records import Seal
 from communicator.control.relay import Relay
 from communicator.control.stalls import Watch, Watcher
@@ -139,14 +141,18 @@ class Control:
         is intact), or leave the communicator unusable as soon as one rank started it instead
         (this rank's next data would meet that operation there). One request a poll (counters,
         backing off to one a second), and the log read for failures and closings as often as a
-        waiting rank reads it, when its count moved."""
+        waiting rank reads it, when its count moved; all of it about one request a second once the
+        wait lasts (see :class:`~communicator.control.polls.Pacer`)."""
+        drive(self.settling(time.monotonic()))
+
+    def settling(self, now: float) -> Poll[None]:
+        """:meth:`settle` as a poll (see :mod:`communicator.control.polls`)."""
         assert self.refused is not None
         (seq, refusal), calls, every = self.refused, self._calls, self.world.log.look_seconds
-        started = looked = time.monotonic()
-        pause = backoff(0.001, max(every, LOOK_SECONDS))
+        started = looked = now
+        pause = Pacer(self.world.store, 0.001, max(every, LOOK_SECONDS), now)
         try:
             while True:
-                now = time.monotonic()
                 look = now - looked >= every
                 looked = now if look else looked
                 if self.board.refused_by_all(self.rank, seq, calls.op, look):
@@ -156,7 +162,7 @@ class Control:
                         f"{calls.op} on rank {self.rank}: after {self.limit:g} s, not every rank has refused "
                         f"operation #{seq} (as this rank did) or left it"
                     )
-                time.sleep(pause())
+                now = yield pause(now)
         except CommError as error:
             if self.broken is None:  # unusable now; a rank released later names the refusal as the cause
                 self.broken = error
@@ -171,16 +177,21 @@ class Control:
     def barrier(self, timeout: float) -> None:
         """Through the store, not the transport: a rank that times out leaves the group intact,
         and every waiting rank names the late ones itself."""
+        drive(self.barrier_poll(timeout, time.monotonic()))
+
+    def barrier_poll(self, timeout: float, now: float) -> Poll[None]:
+        """:meth:`barrier` as a poll (see :mod:`communicator.control.polls`)."""
         calls = self._calls
-        stall = self.watch.begin(self.rank, calls.op, time.monotonic(), timeout)
-        self.board.barrier(self.rank, calls.seq, timeout, calls.op, stall.tick, stall.who)
+        stall = self.watch.begin(self.rank, calls.op, now, timeout)
+        return barrier_poll(self.board, self.rank, calls.seq, timeout, calls.op, stall.tick, stall.who, now)
 
     def close(self, error: BaseException | None) -> None:
         """Tell the others this rank left (and why, after ``error``); no collective. Never raises."""
         try:
             if error is not None:
                 self.board.post(RemoteFailure.of(self.rank, error, "the communicator's block"))
-            self.board.post_closed(self.rank, self._calls.seq, self._calls.op)
+            refused = self.refused[0] if self.refused is not None else -1
+            self.board.post_closed(self.rank, self._calls.seq, self._calls.op, refused)
             self.board.linger()
         finally:
             self.transfers.stop()

@@ -1,0 +1,82 @@
+"""``barrier(timeout=...)`` through the store: every rank that arrived names the ones that did not.
+
+Each rank appends its rank to the barrier's list and counts itself in (three requests), then
+polls (see :mod:`communicator.control.polls`): one request a look reads the arrivals and the
+log's count; the log itself is read only when its count moved; looks back off to one a second.
+On timeout, the first rank to time out lists the late ranks (as spans) for every other, so that a
+reader gets O(1) bytes however many arrived.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from communicator.control.board import FailureBoard
+from communicator.control.log import guarded_store
+from communicator.control.polls import Poll, backoff
+from communicator.control.ranks import Spans, listed, spans_text
+from communicator.errors import CommError, CommTimeoutError
+
+__all__ = ["barrier_poll"]
+
+_SPANS = re.compile(r"\d{1,9}(-\d{1,9})?(,\d{1,9}(-\d{1,9})?)*")
+
+
+def barrier_poll(
+    board: FailureBoard,
+    rank: int,
+    seq: int,
+    timeout: float,
+    what: str,
+    tick: Callable[[float], None],
+    explain: Callable[[list[int]], str],
+    now: float,
+) -> Poll[None]:
+    """The barrier of ``board``'s rank ``rank`` as a poll, from ``now`` (``time.monotonic``); ``tick``
+    is called each look (the stall watch), ``explain`` names what late ranks are doing."""
+    store, size = board.keys, len(board.members)
+    board.barriers += 1
+    key = f"{board.name}barrier{board.barriers}"
+    guarded_store(lambda: store.append(f"{key}/who", f"{rank},"))
+    arrived = guarded_store(lambda: store.add(key, 1))
+    store.add("events", 0)  # made: one request reads both counters
+    started, events = now, None
+    # Not paced by this thread's other requests (a judge's): a rank that saw the last arrival
+    # seconds late would be judged to be in another collective by the ranks already past it.
+    pause = backoff(0.001, 1.0)
+    while arrived < size:
+        try:
+            board.check(rank, seq, what, look=board.log.behind(events))
+        except CommError:
+            # The last ones may have arrived, left and failed later since this rank counted.
+            if guarded_store(lambda: store.add(key, 0)) >= size:
+                return
+            raise
+        tick(now)
+        if now - started > timeout:
+            missing = _late(board, key)
+            found = explain(missing)
+            raise CommTimeoutError(
+                f"{what} timed out after {timeout:g} s on rank {rank}: ranks {missing} did not arrive"
+                + (f": {found}" if found else ""),
+                missing_ranks=missing,
+            )
+        now = yield min(pause(), max(timeout - (now - started), 0.001))
+        arrived, events = store.counters([key, "events"])
+
+
+def _late(board: FailureBoard, key: str) -> list[int]:
+    """The ranks that did not arrive at barrier ``key``: listed by the first rank to ask, from the
+    arrivals, for every other (two requests, three for the first)."""
+    store, size = board.keys, len(board.members)
+    found = guarded_store(lambda: store.peek(f"{key}/late"))
+    if found is None:
+        text = guarded_store(lambda: store.get(f"{key}/who")).decode(errors="replace")
+        present = listed(text, size)
+        late = spans_text(r for r in range(size) if r not in present) or "-"
+        found = guarded_store(lambda: store.compare_set(f"{key}/late", "", late))
+    text = found.decode(errors="replace")
+    if not _SPANS.fullmatch(text):  # "-": none (they arrived meanwhile), or not a list of ours
+        return []
+    return [r for r in Spans(text) if r < size]

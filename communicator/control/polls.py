@@ -1,0 +1,69 @@
+"""The pace of the control plane's polling loops, and the loops as generators of their pauses.
+
+A loop that waits on the store (a refusal settling, a barrier through the store) is written as a
+*poll*: a generator that does one step, yields how long to pause, and is sent the time
+(``time.monotonic``) when it goes on. :func:`drive` runs one in the calling thread; the
+simulation of virtual ranks (``benchmarks.control_plane``) runs thousands side by side on a
+clock of its own, so what it counts is what the real loops send.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator
+from typing import Protocol, TypeVar
+
+__all__ = ["PACE_BURST", "Pacer", "Poll", "backoff", "drive"]
+
+T = TypeVar("T")
+#: A polling loop: yields its pauses (seconds), is sent the time it goes on at, returns its outcome.
+Poll = Generator[float, float, T]
+#: Store requests a polling loop makes at once before its pace (one a second) applies.
+PACE_BURST = 8
+
+
+def backoff(first: float, cap: float) -> Callable[[], float]:
+    """Pauses that double from ``first`` to ``cap``: prompt for a short wait, about one request
+    per ``cap`` seconds for a long one."""
+    pause = first / 2
+
+    def step() -> float:
+        nonlocal pause
+        pause = min(pause * 2, cap)
+        return pause
+
+    return step
+
+
+class Counted(Protocol):
+    @property
+    def requests(self) -> int: ...
+
+
+class Pacer:
+    """The pauses of a loop that polls the store: doubling from ``first`` to ``cap`` (prompt for a
+    short wait), and long enough that once :data:`PACE_BURST` requests are spent, the requests
+    the polling thread makes through ``store`` stay at about one a second, however long the wait
+    lasts. ``now``: the loop's clock (``time.monotonic`` when not given)."""
+
+    def __init__(self, store: Counted, first: float, cap: float = 1.0, now: float | None = None) -> None:
+        self._store, self._base = store, store.requests
+        self._started = time.monotonic() if now is None else now
+        self._backoff = backoff(first, cap)
+
+    def __call__(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        ahead = (self._store.requests - self._base - PACE_BURST) - (now - self._started)
+        return max(self._backoff(), ahead)
+
+
+def drive(poll: Poll[T]) -> T:
+    """Run ``poll`` in this thread: sleep each pause it yields, then send it the time."""
+    try:
+        pause = next(poll)
+        while True:
+            time.sleep(pause)
+            pause = poll.send(time.monotonic())
+    except StopIteration as done:
+        found: T = done.value
+        return found
