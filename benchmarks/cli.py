@@ -10,7 +10,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
-from benchmarks import control_plane, recovery
+from benchmarks import control_plane, ddp, recovery
 from benchmarks.cases import CASE_NAMES
 from benchmarks.measured import CaseRun, all_correct
 from benchmarks.overhead import CALLS, format_overhead, run_overhead
@@ -72,11 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cases",
         nargs="+",
-        choices=(*CASE_NAMES, OVERHEAD, CONTROL_PLANE, RECOVERY),
+        choices=(*CASE_NAMES, OVERHEAD, CONTROL_PLANE, RECOVERY, *ddp.CASES),
         default=[*CASE_NAMES, OVERHEAD],
         metavar="CASE",
         help=f"cases to run (default all: {' '.join(CASE_NAMES)} {OVERHEAD}; also {CONTROL_PLANE}: the control"
-        f" plane's store requests for virtual ranks; {RECOVERY}: a rank killed, the survivors shrink)",
+        f" plane's store requests for virtual ranks; {RECOVERY}: a rank killed, the survivors shrink;"
+        f" {' '.join(ddp.CASES)}: DDP and FSDP2 steps and a blocking call through comm.as_process_group()"
+        " against a native gloo group)",
     )
     parser.add_argument(
         "--ranks",
@@ -184,6 +186,23 @@ def _overhead(world_size: int, args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def _through_the_group(sizes: Sequence[int], args: argparse.Namespace, worlds: dict[int, dict[str, object]]) -> str:
+    """The ddp, fsdp and pg-overhead cases at every size, recorded in ``worlds``: their table, or ""."""
+    cases = [case for case in ddp.CASES if case in args.cases]
+    if not cases:
+        return ""
+    if args.quick:
+        settings = ddp.Settings.quick_run()
+    else:
+        settings = ddp.Settings(rounds=args.rounds, cap=args.max_rounds or MAX_FACTOR * args.rounds)
+    rows: list[ddp.Row] = []
+    for size in sizes:
+        found = ddp.run(size, cases, settings, args.timeout)
+        worlds[size]["process_group"] = [{**dataclasses.asdict(r), "verdict": r.verdict} for r in found]
+        rows += found
+    return ddp.format_rows(rows, settings)
+
+
 def _first_failure(error: CommError) -> str:
     """The first failed rank's report: the others usually only echo it."""
     if isinstance(error, RemoteError):
@@ -240,6 +259,9 @@ def run(args: argparse.Namespace) -> int:
                 if cases or index:
                     print()
                 worlds[size][OVERHEAD] = _overhead(size, args)
+        trained = _through_the_group(sizes, args, worlds)
+        if trained:
+            print(f"\n{trained}" if cases or OVERHEAD in args.cases or RECOVERY in args.cases else trained)
         scaling = format_scaling(runs) if len(runs) > 1 else ""
         if scaling:
             print(f"\n{scaling}")

@@ -7,15 +7,22 @@ and any ``torch.distributed`` call taking ``group=`` get the communicator's guar
 plane: a rank's failure raises ``RemoteError`` naming it on every rank, waits are bounded, stalls
 are diagnosed. Ranks are the communicator's own (``pg.rank() == comm.rank``).
 
-A collective finishes before the call returns: its work is complete and its future holds the
-output tensors, so DDP's comm hooks chain on it as usual. ``send`` and ``recv`` start and return a
-work that finishes in ``wait()``. An error is raised by the call that meets it, as the
-communicator raises it. :mod:`communicator.transports.backend` registers the class as torch's
-``"communicator"`` backend.
+A collective that torch starts asynchronously (DDP's bucket all-reduces, FSDP's all-gathers and
+reduce-scatters, any call with ``async_op=True``) is started and returned at once; the group's
+completer thread finishes the works in issue order and completes their futures, outputs written
+first (see :mod:`communicator.transports.pg_works`), so DDP overlaps its all-reduces with the rest
+of backward as over gloo's own group. A blocking call (``async_op=False``) and a barrier run to
+their end in the calling thread, after the works issued before them. ``send`` and ``recv`` start
+and return a work that finishes in ``wait()``. An error that an operation meets before it starts
+(a bad argument, a refusal) is raised by the call; one met while it runs is its work's, raised by
+``wait()`` and by a wait on its future, as the communicator raises it.
+:mod:`communicator.transports.backend` registers the class as torch's ``"communicator"`` backend.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import threading
 import weakref
@@ -38,14 +45,19 @@ from torch._C._distributed_c10d import (
     ReduceScatterOptions,
     ScatterOptions,
 )
-from torch.futures import Future
 
 from communicator.base import Communicator
 from communicator.errors import CommError, NotMemberError
 from communicator.factory import provide
+from communicator.guard import CallState
+from communicator.handles import Handle
+from communicator.observe.events import OP, RUNNING, STATE
+from communicator.transports.pg_works import CommWork, Completer
 
 __all__ = ["BACKEND", "CommProcessGroup", "CommWork", "adopt_group", "communicator_of", "process_group_of"]
 
+_graph_task: Callable[[], int] = torch._C._current_graph_task_id  # -1 outside a backward pass
+_engine: Any = torch.autograd.Variable._execution_engine
 #: The backend name torch reports for these groups (``dist.get_backend(pg)``, ``pg.name()``).
 BACKEND = "communicator"
 Tensor = torch.Tensor
@@ -58,63 +70,9 @@ _OP_NAMES = {
     ReduceOp.BAND: "band",
     ReduceOp.BOR: "bor",
     ReduceOp.BXOR: "bxor",
-    ReduceOp.PREMUL_SUM: "sum",  # after multiplying by the op's factor
+    ReduceOp.PREMUL_SUM: "premul_sum",  # a sum after multiplying by the op's factor
 }
-
-
-class CommWork(dist.Work):
-    """A torch work over a communicator operation: ``wait(timeout)``, ``is_completed()``,
-    ``exception()``, ``result()`` and ``get_future()`` (whose value is the output tensors).
-
-    A collective's work is complete when it is returned. A point-to-point work finishes in
-    ``wait``, whose ``timeout`` bounds that wait (``CommTimeoutError`` when it runs out); its
-    future completes then too.
-    """
-
-    def __init__(self, result: list[Tensor], pending: Any = None) -> None:
-        super().__init__()
-        self._result = result
-        self._pending = pending  # a communicator Handle still to wait on
-        self._error: BaseException | None = None
-        self._future: Future[list[Tensor]] = Future()
-        if pending is None:
-            self._future.set_result(result)
-
-    def wait(self, timeout: timedelta = timedelta(0)) -> bool:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            limit = timeout.total_seconds()
-            try:
-                pending.wait(limit if limit > 0 else None)
-            except BaseException as error:
-                self._error = error
-                self._future.set_exception(cast(Any, error))
-                raise
-            self._future.set_result(self._result)
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def is_completed(self) -> bool:
-        pending = self._pending
-        if pending is not None and pending.is_completed():
-            self.wait()  # writes the result back where the communicator staged it
-        return self._pending is None
-
-    def is_success(self) -> bool:
-        return self._pending is None and self._error is None
-
-    def exception(self) -> BaseException | None:
-        return self._error
-
-    def result(self) -> list[Tensor]:
-        return self._result
-
-    def get_future(self) -> Future[list[Tensor]]:
-        return self._future
-
-    def synchronize(self) -> None:
-        self.wait()
+_BY_CODE = {int(cast(Any, op)): name for op, name in _OP_NAMES.items()}  # hashing torch's enum costs more than an int
 
 
 class CommProcessGroup(dist.ProcessGroup):
@@ -129,6 +87,9 @@ class CommProcessGroup(dist.ProcessGroup):
         self._owns = owns  # made by the backend: destroying the group closes the communicator
         self._name = ""
         self._desc = ""
+        self._completer: Completer | None = None  # started with the first asynchronous operation
+        self._coalesced: list[CommWork] | None = None  # the works of a coalescing block, while one is open
+        self._task, self._task_works = -1, list[CommWork]()  # the backward pass issuing works, and its works
 
     @property
     def comm(self) -> Communicator:
@@ -154,12 +115,99 @@ class CommProcessGroup(dist.ProcessGroup):
     def __repr__(self) -> str:
         return f"CommProcessGroup({self._comm!r})"
 
-    def _call(self, opts: Any, method: Callable[..., Any], *args: Any) -> Any:
-        """Run a communicator operation; with a timeout in torch's options, wait at most that long."""
+    # -- starting an operation -------------------------------------------------------------------
+
+    def _start(
+        self,
+        opts: Any,
+        result: list[Tensor],
+        method: Callable[..., Any],
+        *args: Any,
+        fill: Callable[[Any], None] | None = None,
+        **kwargs: Any,
+    ) -> CommWork:
+        """Run ``method``, a communicator operation that takes ``async_op``: started, its work
+        completed by the completer, where torch starts it asynchronously; else to its end here.
+        ``fill`` writes its value into the caller's outputs; ``result`` is the work's."""
         limit = _limit(opts)
-        if limit is None:
-            return method(*args)
-        return method(*args, async_op=True).wait(limit)
+        completer = self._completer_for(opts)
+        if completer is None:
+            value = method(*args, **kwargs) if limit is None else method(*args, async_op=True, **kwargs).wait(limit)
+            if fill is not None:
+                fill(value)
+            return CommWork(result)
+        handle = method(*args, async_op=True, **kwargs)
+        # Always a limit of its own: without one, a handle's wait takes the running call's, which
+        # is whatever the issuing thread runs by then.
+        seconds = limit if limit is not None else self._comm.config.timeout.total_seconds()
+        device = self._comm.device
+
+        def finish() -> None:
+            # A thread starts on the first GPU: a stream-ordered wait must order the communicator's
+            with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():
+                value = handle.wait(seconds)
+                if fill is not None:
+                    fill(value)
+
+        name = str(getattr(method, "__name__", None) or getattr(getattr(method, "func", None), "__name__", ""))
+        work = completer.submit(CommWork(result, finish, name, shown=_shown(self._comm, name)))
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        self._settle_in_backward(work)
+        return work
+
+    def _settle_in_backward(self, work: CommWork) -> None:
+        """Issued inside a backward pass (DDP's bucket all-reduces, FSDP's reduce-scatters): the
+        pass waits for it at its end, so that its error comes out of ``backward()`` as it was
+        raised. DDP waits on the future in C++, where torch keeps only the error's text."""
+        task = _graph_task()
+        if task < 0:
+            return
+        if task != self._task:
+            self._task, self._task_works = task, []
+            _engine.queue_callback(functools.partial(_wait_all, self._task_works))  # before DDP's own, queued later
+        self._task_works.append(work)
+
+    def _completer_for(self, opts: Any) -> Completer | None:
+        """The completer for an operation torch starts asynchronously; ``None`` where it runs here:
+        a blocking call (after the works before it, so works complete in issue order), or a call
+        from the completer's own thread (a future's callback), which must not wait for itself."""
+        completer = self._completer
+        if completer is not None and threading.current_thread() is completer.thread:
+            return None
+        if not getattr(opts, "asyncOp", True):
+            if completer is not None:
+                completer.drain()
+            return None
+        if completer is None:
+            completer = self._completer = self._new_completer()
+        return completer
+
+    def _new_completer(self) -> Completer:
+        # Built here, in the issuing thread: the control plane is built on first use, and two
+        # threads must not both build it (nor start its transfer thread) at once.
+        control = self._comm._plane()
+        if control is not None:
+            control.transfers.start([], 0.0)
+        completer = Completer(self._name or "group")
+        weakref.finalize(self, completer.stop)
+        return completer
+
+    def _drain(self) -> None:
+        if self._completer is not None:
+            self._completer.drain()
+
+    def _joined(self, parts: Sequence[CommWork], result: list[Tensor]) -> CommWork:
+        """One work for several started together: complete when the last is, failed where one failed."""
+        completer = self._completer
+        if completer is None or all(part.is_completed() and part.exception() is None for part in parts):
+            return CommWork(result)  # ran here: an error was raised by the call
+
+        def finish() -> None:  # the completer reaches this after the parts, in issue order
+            for part in parts:
+                part.wait()
+
+        return completer.submit(CommWork(result, finish, "coalesced"))
 
     # -- reductions ------------------------------------------------------------------------------
 
@@ -167,28 +215,31 @@ class CommProcessGroup(dist.ProcessGroup):
         opts = _options(opts, AllreduceOptions)
         tensor = _one("allreduce", tensors)
         name = _premultiply(opts, [tensor], in_place=True)[1]
-        self._call(opts, self._comm.all_reduce, tensor, name)
-        return CommWork([tensor])
+        return self._start(opts, [tensor], self._comm.all_reduce, tensor, name)
 
     def allreduce_coalesced(self, tensors: list[Tensor], opts: Any = None) -> CommWork:
         """One all-reduce of the tensors flattened together (one per dtype and device)."""
         opts = _options(opts, AllreduceCoalescedOptions)
         single = AllreduceOptions()
-        single.reduceOp, single.timeout = opts.reduceOp, opts.timeout
+        single.reduceOp, single.timeout, single.asyncOp = opts.reduceOp, opts.timeout, opts.asyncOp
+        parts = []
         for kind in dict.fromkeys((t.dtype, t.device) for t in tensors):
             alike = [t for t in tensors if (t.dtype, t.device) == kind]
             flat = torch.cat([t.detach().reshape(-1) for t in alike])
-            self.allreduce([flat], single)
-            for tensor, part in zip(alike, torch.split(flat, [t.numel() for t in alike]), strict=True):
-                _fill(tensor, part)
-        return CommWork(list(tensors))
+            name = _premultiply(single, [flat], in_place=True)[1]
+
+            def split(value: Tensor, alike: list[Tensor] = alike) -> None:
+                for tensor, part in zip(alike, torch.split(value, [t.numel() for t in alike]), strict=True):
+                    _fill(tensor, part)
+
+            parts.append(self._start(single, alike, self._comm.all_reduce, flat, name, fill=split))
+        return self._joined(parts, list(tensors))
 
     def reduce(self, tensors: Any, opts: Any = None) -> CommWork:  # type: ignore[override]
         opts = _options(opts, ReduceOptions)
         tensor = _one("reduce", tensors)
         name = _premultiply(opts, [tensor], in_place=True)[1]
-        self._call(opts, self._comm.reduce, tensor, opts.rootRank, name)
-        return CommWork([tensor])
+        return self._start(opts, [tensor], self._comm.reduce, tensor, opts.rootRank, name)
 
     def reduce_scatter(  # type: ignore[override]
         self, output_tensors: Any, input_tensors: list[list[Tensor]], opts: Any = None
@@ -196,15 +247,14 @@ class CommProcessGroup(dist.ProcessGroup):
         opts = _options(opts, ReduceScatterOptions)
         output = _one("reduce_scatter", output_tensors)
         inputs, name = _premultiply(opts, list(_one("reduce_scatter", input_tensors)), in_place=False)
-        _fill(output, self._call(opts, self._comm.reduce_scatter, inputs, name))
-        return CommWork([output])
+        fill = functools.partial(_fill, output)
+        return self._start(opts, [output], self._comm.reduce_scatter, inputs, name, fill=fill)
 
     def _reduce_scatter_base(self, output: Tensor, tensor: Tensor, opts: Any = None) -> CommWork:
         world = self._comm.world_size
         if tensor.numel() != output.numel() * world:
             raise CommError(f"reduce_scatter_tensor: an input of {tensor.numel()} elements for {world} x {output}")
-        self.reduce_scatter([output], [list(tensor.reshape(world, *output.shape).unbind(0))], opts)
-        return CommWork([output])
+        return self.reduce_scatter([output], [list(tensor.reshape(world, *output.shape).unbind(0))], opts)
 
     def reduce_scatter_single(self, output: Tensor, tensor: Tensor, opts: Any = None) -> CommWork:
         return self._reduce_scatter_base(output, tensor, opts)
@@ -212,9 +262,8 @@ class CommProcessGroup(dist.ProcessGroup):
     def reduce_scatter_tensor_coalesced(
         self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None
     ) -> CommWork:
-        for output, tensor in zip(outputs, inputs, strict=True):
-            self._reduce_scatter_base(output, tensor, opts)
-        return CommWork(list(outputs))
+        parts = [self._reduce_scatter_base(o, t, opts) for o, t in zip(outputs, inputs, strict=True)]
+        return self._joined(parts, list(outputs))
 
     def reduce_scatter_single_coalesced(
         self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None
@@ -226,38 +275,35 @@ class CommProcessGroup(dist.ProcessGroup):
     def broadcast(self, tensors: Any, opts: Any = None) -> CommWork:  # type: ignore[override]
         opts = _options(opts, BroadcastOptions)
         tensor = _one("broadcast", tensors)
-        self._call(opts, self._comm.broadcast, tensor, opts.rootRank)
-        return CommWork([tensor])
+        return self._start(opts, [tensor], self._comm.broadcast, tensor, opts.rootRank)
 
     def allgather(  # type: ignore[override]
         self, output_tensors: list[list[Tensor]], input_tensors: Any, opts: Any = None
     ) -> CommWork:
         opts = _options(opts, AllgatherOptions)
         outputs, tensor = _one("allgather", output_tensors), _one("allgather", input_tensors)
+        return self._allgather(outputs, tensor, opts, list(outputs))
+
+    def _allgather(self, outputs: list[Tensor], tensor: Tensor, opts: Any, result: list[Tensor]) -> CommWork:
         if len(outputs) != self._comm.world_size:
             raise CommError(f"allgather: {len(outputs)} output tensors for {self._comm.world_size} ranks")
         same = all(o.shape == tensor.shape for o in outputs)  # every rank passes the same output shapes
-
-        def gather(*args: Any, **kwargs: Any) -> Any:
-            return self._comm.all_gather(*args, same_shape=same, **kwargs)
-
-        for output, value in zip(outputs, self._call(opts, gather, tensor), strict=True):
-            _fill(output, value)
-        return CommWork(outputs)
+        gather = functools.partial(self._comm.all_gather, same_shape=same)
+        return self._start(opts, result, gather, tensor, fill=functools.partial(_fill_all, outputs))
 
     def allgather_coalesced(
         self, output_lists: list[list[Tensor]], input_list: list[Tensor], opts: Any = None
     ) -> CommWork:
-        for outputs, tensor in zip(output_lists, input_list, strict=True):
-            self.allgather([outputs], [tensor], opts)
-        return CommWork([t for outputs in output_lists for t in outputs])
+        """``output_lists[r][i]`` receives rank ``r``'s ``input_list[i]``, as torch lays it out."""
+        parts = [self.allgather([[row[i] for row in output_lists]], [t], opts) for i, t in enumerate(input_list)]
+        return self._joined(parts, [t for outputs in output_lists for t in outputs])
 
     def _allgather_base(self, output: Tensor, tensor: Tensor, opts: Any = None) -> CommWork:
         world = self._comm.world_size
         if output.numel() != tensor.numel() * world:
             raise CommError(f"all_gather_into_tensor: an output of {output.numel()} elements for {world} x {tensor}")
-        self.allgather([list(output.view(world, *tensor.shape).unbind(0))], [tensor], opts)
-        return CommWork([output])
+        views = list(output.view(world, *tensor.shape).unbind(0))
+        return self._allgather(views, tensor, _options(opts, AllgatherOptions), [output])
 
     def all_gather_single(self, output: Tensor, tensor: Tensor, opts: Any = None) -> CommWork:
         return self._allgather_base(output, tensor, opts)
@@ -265,9 +311,8 @@ class CommProcessGroup(dist.ProcessGroup):
     def allgather_into_tensor_coalesced(
         self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None
     ) -> CommWork:
-        for output, tensor in zip(outputs, inputs, strict=True):
-            self._allgather_base(output, tensor, opts)
-        return CommWork(list(outputs))
+        parts = [self._allgather_base(o, t, opts) for o, t in zip(outputs, inputs, strict=True)]
+        return self._joined(parts, list(outputs))
 
     def all_gather_single_coalesced(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any = None) -> CommWork:
         return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
@@ -276,13 +321,14 @@ class CommProcessGroup(dist.ProcessGroup):
         self, output_tensors: list[list[Tensor]], input_tensors: Any, opts: Any = None
     ) -> CommWork:
         opts = _options(opts, GatherOptions)
-        gathered = self._call(opts, self._comm.gather, _one("gather", input_tensors), opts.rootRank)
-        if gathered is None:  # not the destination
-            return CommWork([])
-        outputs = _one("gather", output_tensors)
-        for output, value in zip(outputs, gathered, strict=True):
-            _fill(output, value)
-        return CommWork(outputs)
+        root = opts.rootRank
+        outputs = _one("gather", output_tensors) if self._comm.rank == root else []
+
+        def fill(gathered: list[Tensor] | None) -> None:
+            if gathered is not None:  # the destination
+                _fill_all(outputs, gathered)
+
+        return self._start(opts, outputs, self._comm.gather, _one("gather", input_tensors), root, fill=fill)
 
     def scatter(  # type: ignore[override]
         self, output_tensors: Any, input_tensors: list[list[Tensor]], opts: Any = None
@@ -290,15 +336,15 @@ class CommProcessGroup(dist.ProcessGroup):
         opts = _options(opts, ScatterOptions)
         output, root = _one("scatter", output_tensors), opts.rootRank
         parts = _one("scatter", input_tensors) if self._comm.rank == root else None
-        _fill(output, self._call(opts, self._comm.scatter, parts, root))
-        return CommWork([output])
+        return self._start(opts, [output], self._comm.scatter, parts, root, fill=functools.partial(_fill, output))
 
     def alltoall(self, output_tensors: list[Tensor], input_tensors: list[Tensor], opts: Any = None) -> CommWork:
+        return self._alltoall(output_tensors, input_tensors, opts, list(output_tensors))
+
+    def _alltoall(self, outputs: list[Tensor], inputs: list[Tensor], opts: Any, result: list[Tensor]) -> CommWork:
         opts = _options(opts, AllToAllOptions)
-        received = self._call(opts, self._comm.all_to_all, list(input_tensors))
-        for output, value in zip(output_tensors, received, strict=True):
-            _fill(output, value)
-        return CommWork(list(output_tensors))
+        fill = functools.partial(_fill_all, outputs)
+        return self._start(opts, result, self._comm.all_to_all, list(inputs), fill=fill)
 
     def alltoall_base(
         self,
@@ -311,8 +357,7 @@ class CommProcessGroup(dist.ProcessGroup):
         world = self._comm.world_size
         outputs = list(torch.split(output, _splits(output, output_split_sizes, world, "output")))
         inputs = list(torch.split(tensor, _splits(tensor, input_split_sizes, world, "input")))
-        self.alltoall(outputs, inputs, opts)
-        return CommWork([output])
+        return self._alltoall(outputs, inputs, opts, [output])
 
     def all_to_all_single(
         self,
@@ -327,21 +372,23 @@ class CommProcessGroup(dist.ProcessGroup):
     # -- barriers and point to point -------------------------------------------------------------
 
     def barrier(self, opts: Any = None) -> CommWork:
+        self._drain()  # the communicator's barrier has no asynchronous form: it runs here, in order
         self._comm.barrier(_limit(opts) if isinstance(opts, BarrierOptions) else None)
         return CommWork([])
 
     def monitored_barrier(self, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
         """A barrier of at most ``timeout`` (else the communicator's timeout) that raises
         ``CommTimeoutError`` naming every rank that did not arrive (``missing_ranks``)."""
+        self._drain()
         self._comm.barrier(timeout)
 
     def send(self, tensors: list[Tensor], dst: int, tag: int = 0) -> CommWork:
         tensor = _one("send", tensors)
-        return CommWork([tensor], self._comm.isend(tensor, dst, tag))
+        return _transfer([tensor], self._comm.isend(tensor, dst, tag))
 
     def recv(self, tensors: list[Tensor], src: int, tag: int = 0) -> CommWork:
         tensor = _one("recv", tensors)
-        return CommWork([tensor], self._comm.irecv(tensor, src, tag))
+        return _transfer([tensor], self._comm.irecv(tensor, src, tag))
 
     def recv_anysource(self, tensors: list[Tensor], tag: int = 0) -> CommWork:
         raise CommError("recv from any source is not supported by the communicator process group: name the source")
@@ -349,10 +396,13 @@ class CommProcessGroup(dist.ProcessGroup):
     # -- the rest of torch's interface -------------------------------------------------------------
 
     def _start_coalescing(self, device: torch.device) -> None:
-        """Each operation of a coalescing block runs when it is called."""
+        """Each operation of a coalescing block starts when it is called."""
+        self._coalesced = []
 
     def _end_coalescing(self, device: torch.device) -> CommWork:
-        return CommWork([])
+        """One work for the block's operations."""
+        parts, self._coalesced = self._coalesced or [], None
+        return self._joined(parts, [])
 
     def split_group(  # type: ignore[override]
         self,
@@ -372,6 +422,9 @@ class CommProcessGroup(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """torch's ``destroy_process_group``: closes the communicator when the backend made it."""
+        if self._completer is not None:
+            self._completer.stop()  # after the works it holds; a later operation starts another
+            self._completer = None
         if self._owns and not self._comm.closed:
             self._comm.close()
 
@@ -392,6 +445,35 @@ def _fill(output: Tensor, value: Tensor) -> None:
     """Copy ``value`` into a caller's output tensor, out of autograd's sight."""
     with torch.no_grad(), torch.inference_mode(output.is_inference()):
         output.copy_(value.reshape(output.shape))
+
+
+def _fill_all(outputs: Sequence[Tensor], values: Sequence[Tensor]) -> None:
+    for output, value in zip(outputs, values, strict=True):
+        _fill(output, value)
+
+
+def _shown(comm: Communicator, name: str) -> tuple[CallState, list[Any]] | None:
+    """The communicator's call state and the record of its call ``name`` that just returned."""
+    calls = comm._calls
+    record = calls.recorder[-1] if calls.recorder else None
+    return None if record is None or record[OP] != name or record[STATE] == RUNNING else (calls, record)
+
+
+def _wait_all(works: list[CommWork]) -> None:
+    try:
+        for work in works:
+            work.wait()
+    finally:
+        works.clear()  # nor keep their tensors until the next backward pass
+
+
+def _transfer(result: list[Tensor], handle: Handle[Any]) -> CommWork:
+    """A send's or receive's work: it finishes in its first ``wait()``, as torch's gloo transfers do."""
+
+    def finish() -> None:
+        handle.wait()
+
+    return CommWork(result, finish, "transfer", ready=handle.is_completed)
 
 
 def _one(what: str, tensors: Any) -> Any:
@@ -417,10 +499,11 @@ def _premultiply(opts: Any, tensors: list[Tensor], in_place: bool) -> tuple[list
     factor (in place, or new tensors), to be summed."""
     op = opts.reduceOp
     kind = getattr(op, "op", op)
-    if kind not in _OP_NAMES:
+    name = _BY_CODE.get(int(kind))
+    if name is None:
         raise CommError(f"reduce op {kind} is not supported by the communicator process group")
-    if kind != ReduceOp.PREMUL_SUM:
-        return tensors, _OP_NAMES[kind]
+    if name != "premul_sum":
+        return tensors, name
     factor = getattr(op, "factor", None)
     if factor is None:
         raise CommError("PREMUL_SUM needs a factor (torch.distributed._make_nccl_premul_sum(factor))")

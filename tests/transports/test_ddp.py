@@ -4,6 +4,7 @@ gloo, and a rank's failure in a step releases the others from DDP's backward wit
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -110,6 +111,33 @@ def test_ddp_trains_as_over_gloo() -> None:
 def test_ddp_on_four_ranks() -> None:
     for result in run_ranks(ddp_as_gloo, 4, ("plain", "no_sync"), timeout=90):
         assert result["differ"] == []
+
+
+def late_peer(comm: Communicator) -> dict[str, Any]:
+    """Rank 1 starts its backward 2 s late: rank 0's all-reduces are issued and return at once
+    (DDP goes on with its backward), and the step waits for them at its end."""
+    durations: list[float] = []
+    model = DistributedDataParallel(make_model(), process_group=comm.as_process_group(), bucket_cap_mb=0.0005)
+    steps = []
+    for step in range(4):
+        if step == 2:  # the buckets are rebuilt after the first step, and a first call of each size is
+            # checked across ranks (communicator.crosscheck): from here on a call only starts its all-reduce
+            comm.add_hook(post=lambda event: durations.append(event.duration) if event.op == "all_reduce" else None)
+        x, y = batch(comm.rank, step)
+        loss = nn.functional.mse_loss(model(x), y)
+        if comm.rank == 1:
+            time.sleep(2.0)
+        started = time.monotonic()
+        loss.backward()
+        steps.append(time.monotonic() - started)
+    return {"calls": len(durations), "longest call": max(durations), "steps": steps[2:]}
+
+
+def test_ddp_all_reduces_are_asynchronous() -> None:
+    result = run_ranks(late_peer, 2, timeout=90)[0]
+    assert result["calls"] >= 2, result  # a bucket a step at least
+    assert result["longest call"] < 1.0, result  # each returned before the late rank's all-reduce
+    assert min(result["steps"]) > 1.5, result  # and the step waited for them
 
 
 def train_fsdp(comm: Communicator, group: Any) -> list[torch.Tensor]:

@@ -359,3 +359,132 @@ def late_rank(comm: Communicator) -> Any:
 
 def test_monitored_barrier_names_the_late_rank() -> None:
     assert run_ranks(late_rank, 2, cfg={"timeout": 20}, timeout=60) == [(1,), "late"]
+
+
+def _until(done: Any, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(done())
+
+
+def asynchronous_works(comm: Communicator) -> dict[str, Any]:
+    pg, rank, world = comm.as_process_group(), comm.rank, comm.world_size
+    result: dict[str, Any] = {}
+    dist.all_reduce(torch.ones(3), group=pg)  # the first call of a kind checks the arguments across ranks
+    if rank == 1:
+        time.sleep(1.0)  # rank 0's all-reduce cannot finish before this rank starts it
+    tensor = torch.full((3,), float(rank + 1))
+    started = time.monotonic()
+    work = dist.all_reduce(tensor, group=pg, async_op=True)
+    assert work is not None
+    if rank == 0:
+        result["returned at once"] = time.monotonic() - started < 0.5 and not work.is_completed()
+        result["no exception while pending"] = work.exception() is None
+    seen: list[list[float]] = []
+
+    def chained_on(fut: Any) -> float:
+        seen.append(tensor.tolist())  # the output is written before the future completes
+        return float(fut.value()[0].sum())
+
+    chained = work.get_future().then(chained_on)
+    result["completed without wait()"] = _until(chained.done) and work.is_completed() and work.is_success()
+    result["chained"] = (seen, chained.wait())
+
+    # Works complete in issue order, each future after its outputs
+    order: list[tuple[int, Any]] = []
+    gathered = torch.zeros(world * 2)
+    works = [dist.all_reduce(torch.ones(n), group=pg, async_op=True) for n in (200_000, 1, 50_000, 3)]
+    works.append(dist.all_gather_into_tensor(gathered, torch.full((2,), float(rank)), group=pg, async_op=True))
+    for index, each in enumerate(works):
+        assert each is not None
+        each.get_future().add_done_callback(lambda fut, i=index: order.append((i, fut.value()[0][:2].tolist())))
+    small = torch.ones(1)
+    dist.all_reduce(small, group=pg)  # a blocking call after them: they are complete when it returns
+    result["blocking call after them"] = all(each.is_completed() for each in works) and small.item() == world
+    result["order"] = order
+    result["waited"] = all(each.wait(timedelta(seconds=20)) for each in works)
+
+    # The main thread's own operations wait through the control plane while the completer waits
+    if rank == 1:
+        time.sleep(0.5)
+    pending = dist.all_reduce(torch.ones(100_000), group=pg, async_op=True)
+    uneven = comm.all_gather(torch.full((50_000 + rank,), float(rank)))  # point to point, beside it
+    objects = comm.all_gather_object({"rank": rank})
+    assert pending is not None and pending.wait()
+    result["alongside"] = ([t.shape[0] for t in uneven], objects, pending.result()[0][:2].tolist())
+
+    # An operation issued from a future's callback runs there, in the completer, without waiting for itself
+    inner = torch.ones(1)
+
+    def follow(fut: Any) -> float:
+        issued = dist.all_reduce(inner, group=pg, async_op=True)
+        assert issued is not None and issued.wait()
+        return inner.item()
+
+    first = dist.all_reduce(torch.ones(1), group=pg, async_op=True)
+    assert first is not None
+    result["issued from a callback"] = first.get_future().then(follow).wait()
+    return result
+
+
+def test_collectives_are_asynchronous_and_complete_in_order() -> None:
+    results = run_ranks(asynchronous_works, 2, timeout=90)
+    assert results[0]["returned at once"] and results[0]["no exception while pending"]
+    for result in results:
+        assert result["completed without wait()"], result
+        assert result["chained"] == ([[3.0, 3.0, 3.0]], 9.0)
+        assert result["blocking call after them"] and result["waited"]
+        assert result["order"] == [(0, [2.0, 2.0]), (1, [2.0]), (2, [2.0, 2.0]), (3, [2.0, 2.0]), (4, [0.0, 0.0])]
+        assert result["issued from a callback"] == 2.0
+        assert result["alongside"] == ([50_000, 50_001], [{"rank": 0}, {"rank": 1}], [2.0, 2.0])
+
+
+def failing_while_pending(comm: Communicator) -> dict[str, Any]:
+    pg = comm.as_process_group()
+    dist.all_reduce(torch.ones(1), group=pg)  # the first call of a kind checks the arguments across ranks
+    if comm.rank == 1:
+        with pytest.raises(RemoteError), comm.fail_together("step"):
+            time.sleep(0.5)  # rank 0's all-reduce is pending meanwhile
+            raise ValueError("bad batch")
+        return {}
+    work = dist.all_reduce(torch.ones(1), group=pg, async_op=True)
+    assert work is not None
+    future = work.get_future()
+    with pytest.raises(RemoteError) as error:
+        work.wait()
+    with pytest.raises(RuntimeError) as failed:
+        future.wait()
+    return {
+        "wait": (error.value.rank, error.value.error_type),
+        "exception": work.exception() is error.value and work.is_completed() and not work.is_success(),
+        "future": "RemoteError" in str(failed.value) and "bad batch" in str(failed.value),
+    }
+
+
+def timing_out_while_pending(comm: Communicator) -> Any:
+    pg = comm.as_process_group()
+    dist.all_reduce(torch.ones(1), group=pg)  # the first call of a kind checks the arguments across ranks
+    if comm.rank == 1:
+        time.sleep(3)  # never joins the all-reduce
+        return "late"
+    options = dist.AllreduceOptions()
+    options.timeout = timedelta(seconds=1)
+    work = pg.allreduce([torch.ones(1)], options)
+    with pytest.raises(CommTimeoutError, match=r"did not complete within 0\.1 s"):
+        work.wait(timedelta(seconds=0.1))  # this wait runs out; the operation goes on
+    with pytest.raises(CommTimeoutError) as error:
+        work.wait()
+    return type(work.exception()).__name__, "did not finish within 1 s" in str(error.value)
+
+
+def test_an_error_while_a_work_is_pending_reaches_its_wait_and_future() -> None:
+    assert run_ranks(failing_while_pending, 2, timeout=60)[0] == {
+        "wait": (1, "ValueError"),
+        "exception": True,
+        "future": True,
+    }
+    assert run_ranks(timing_out_while_pending, 2, cfg={"timeout": 20}, timeout=60) == [
+        ("CommTimeoutError", True),
+        "late",
+    ]
