@@ -3,6 +3,7 @@ against a store that counts requests, keys and bytes (no timing, so it holds on 
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import time
@@ -22,9 +23,16 @@ GROWTH = 16 * 1.25
 AT_TEN_THOUSAND = ("failure", "refused everywhere", "closing")
 
 
-@pytest.fixture(scope="module")
-def counts() -> dict[int, dict[str, Result]]:
+@functools.cache
+def _simulated() -> dict[int, dict[str, Result]]:
+    """Once per process: a module-scoped fixture is made again whenever a worker runs another
+    file's test between this file's, and each making takes a minute on 2 cores."""
     return {n: {r.scenario: r for r in simulate(n, HashStore)} for n in (64, 1024)}
+
+
+@pytest.fixture
+def counts() -> dict[int, dict[str, Result]]:
+    return _simulated()
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
