@@ -1,6 +1,10 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
 
 import pytest
 
@@ -17,12 +21,17 @@ def pytest_configure(config: pytest.Config) -> None:
             import yapf  # noqa: F401
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``pytest -n N --dist loadgroup`` a file's tests share a worker (and its module-scoped
-    fixtures). The real launchers' and the multi-node tests share one worker, in order: the
-    multi-node Slurm cluster replaces the machine's own while it runs, and each multi-node module
-    makes hosts and checks that none is left. Without xdist the marks do nothing."""
-    for item in items:
-        path = item.path.relative_to(item.config.rootpath)
-        group = "launchers" if path.parts[:2] in (("tests", "multinode"), ("tests", "launchers")) else str(path)
-        item.add_marker(pytest.mark.xdist_group(group))
+#: Test folders whose modules take the machine's launchers and network namespaces: the multi-node
+#: Slurm cluster replaces the machine's own while it runs, and each multi-node module checks that
+#: no host is left. One such module at a time on the machine, across workers and concurrent runs.
+MACHINE_WIDE = (("tests", "multinode"), ("tests", "launchers"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_machine_wide_module_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.path.relative_to(request.config.rootpath).parts[:2] not in MACHINE_WIDE:
+        yield
+        return
+    with open(os.path.join(tempfile.gettempdir(), "communicator-tests-machine.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, with the module
+        yield
