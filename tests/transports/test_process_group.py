@@ -310,12 +310,18 @@ def over_sockets(comm: Communicator) -> list[Any]:
     dist.all_reduce(tensor, op=ReduceOp.PRODUCT, group=pg)
     output = torch.zeros(4)
     dist.all_gather_into_tensor(output, torch.full((2,), float(comm.rank)), group=pg)
-    return [dist.is_initialized(), tensor.item(), output.tolist()]
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1), process_group=pg)
+    model(torch.full((2, 3), float(comm.rank + 1))).sum().backward()  # DDP's all-reduce over sockets
+    gradient = model.module.weight.grad
+    assert gradient is not None
+    return [dist.is_initialized(), tensor.item(), output.tolist(), gradient.tolist()]
 
 
 def test_a_transport_of_ones_own_without_torch_distributed() -> None:
     results = launch(over_sockets, 2, {"type": "socket", "timeout": 30}, timeout=60)
-    assert results == [[False, 2.0, [0.0, 0.0, 1.0, 1.0]]] * 2
+    averaged = [[3.0, 3.0, 3.0]]  # the mean over ranks of each rank's 2 * (rank + 1) per weight
+    assert results == [[False, 2.0, [0.0, 0.0, 1.0, 1.0], averaged]] * 2
 
 
 def refusals_then_a_failure(comm: Communicator) -> list[str]:
