@@ -5,6 +5,7 @@
 code that receives ``comm`` has no branches.
 """
 
+import os
 import sys
 
 try:
@@ -12,6 +13,14 @@ try:
 except ModuleNotFoundError as missing:
     if missing.name != "torch":
         raise
+    # ``python -m communicator COMMAND`` in a clone, with a python that has no torch: the clone's
+    # ./run makes and fills the clone's venv once and runs the command there (unless ./run's own
+    # python is this one, or this is an import, not a run, or an installed package)
+    _run = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "run")
+    if sys.argv[:1] == ["-m"] and os.access(_run, os.X_OK) and not os.environ.get("COMMUNICATOR_RUN"):
+        print(f"communicator: {sys.executable} has no torch: running {_run} in its place", file=sys.stderr)
+        os.environ["COMMUNICATOR_RUN"] = "1"
+        os.execv(_run, [_run, *sys.argv[1:]])
     raise ModuleNotFoundError(
         f"communicator needs torch, which {sys.executable} (environment {sys.prefix}) cannot import: "
         "install it there first, e.g. python -m pip install torch==2.13.0",

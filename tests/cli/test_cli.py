@@ -56,3 +56,19 @@ def test_a_python_without_torch_is_named() -> None:
     assert done.returncode == 1, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("ModuleNotFoundError: communicator needs torch") and sys.executable in last, last
+
+
+def test_a_python_without_torch_is_named_and_handed_to_the_clone_s_run_script(tmp_path) -> None:
+    """``python -m communicator`` with a python that cannot import torch: in a clone it runs
+    ``./run`` in its place (here ``COMMUNICATOR_RUN`` says ``./run``'s own python is the one
+    without torch, so nothing is handed on), and the error names that python."""
+    import pathlib
+
+    (tmp_path / "torch.py").write_text("raise ModuleNotFoundError('no torch here', name='torch')\n")
+    root = pathlib.Path(__file__).resolve().parents[2]
+    environ = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{root}", "COMMUNICATOR_RUN": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "communicator", "info"], env=environ, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and "communicator needs torch, which" in done.stderr, done.stderr
+    assert (root / "run").exists() and os.access(root / "run", os.X_OK)
