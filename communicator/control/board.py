@@ -17,9 +17,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from communicator.control.liveness import Hosts, alive
+from communicator.control.liveness import Hosts
 from communicator.control.log import EventLog, Record, StoreHandle, guarded_store
 from communicator.control.polls import PACE_BURST, Pacer, backoff
+from communicator.control.processes import alive
 from communicator.control.ranks import Spans, listed, spans_text
 from communicator.errors import (
     CollectiveMismatchError,

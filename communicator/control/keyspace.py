@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 
 from communicator.control.board import backoff
 from communicator.control.log import StoreHandle
+from communicator.control.processes import alive
 from communicator.errors import CommError
 
 __all__ = ["BEAT_SECONDS", "STALE_SECONDS", "join", "job_identity"]
@@ -137,7 +138,7 @@ class _Joining:
                     return True
             except ValueError:
                 return True
-            if host == self.host and pid.isdigit() and not _running(int(pid)):
+            if host == self.host and pid.isdigit() and not alive(int(pid)):
                 return True
         return False
 
@@ -160,16 +161,6 @@ class _Joining:
             self.store.compare_set(f"{space}state", "", _ABANDONED)
         self.store.compare_set("current", claim, "")
         raise _Restart
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def join(

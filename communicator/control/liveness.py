@@ -18,30 +18,14 @@ import os
 import socket
 
 from communicator.control.log import StoreHandle, guarded_store
+from communicator.control.processes import alive
 from communicator.control.records import Seal
 
-__all__ = ["PROBE_SECONDS", "Hosts", "alive"]
+__all__ = ["PROBE_SECONDS", "Hosts"]
 
 #: How long a connection to another host's probe socket may take before that host counts as gone.
 PROBE_SECONDS = 3.0
 _BACKLOG = 1024
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` is running (a zombie, dead but not yet reaped, counts as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
 
 
 _NOWHERE = ("", 0, "", 0)  # a rank whose record is not one: on no host, with no probe

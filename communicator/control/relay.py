@@ -37,6 +37,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from communicator.control.processes import alive
+
 __all__ = ["LOCAL_LOOK_SECONDS", "Relay", "Turn", "relay_seconds"]
 
 #: How often a waiting rank reads the relay (a file read: no store request).
@@ -81,16 +83,6 @@ def _maker(head: bytes) -> int | None:
     """The process id a relay's first line names; ``None`` for a line that is not a relay's."""
     found = _HEAD.fullmatch(head)
     return int(found.group(1)) if found else None
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 class Relay:
@@ -240,7 +232,7 @@ def _sweep(where: Path) -> None:
                     maker, made = _maker(os.pread(fd, _HEAD_SIZE, 0)), os.fstat(fd).st_mtime
                 finally:
                     os.close(fd)
-                if (maker is not None and not _running(maker)) or (maker is None and old is not None and made < old):
+                if (maker is not None and not alive(maker)) or (maker is None and old is not None and made < old):
                     os.unlink(entry.path)
 
 
