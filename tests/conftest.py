@@ -5,6 +5,7 @@ import fcntl
 import os
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -27,11 +28,23 @@ def pytest_configure(config: pytest.Config) -> None:
 MACHINE_WIDE = (("tests", "multinode"), ("tests", "launchers"))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_machine_wide_module_at_a_time(request: pytest.FixtureRequest) -> Iterator[None]:
-    if request.path.relative_to(request.config.rootpath).parts[:2] not in MACHINE_WIDE:
-        yield
-        return
-    with open(os.path.join(tempfile.gettempdir(), "communicator-tests-machine.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, with the module
-        yield
+_held: dict[str, Any] = {}  # the module holding the machine-wide lock in this process, and its file
+
+
+def _machine_wide(item: pytest.Item) -> bool:
+    return item.path.relative_to(item.config.rootpath).parts[:2] in MACHINE_WIDE
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Outside every test's timeout (a wait for the lock is not the test's time): the lock is taken
+    before a machine-wide module's first test and given back after its last one, its module
+    fixtures torn down by then."""
+    if _machine_wide(item) and _held.get("module") != item.path:
+        lock = open(os.path.join(tempfile.gettempdir(), "communicator-tests-machine.lock"), "w")  # noqa: SIM115
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _held.update(module=item.path, file=lock)
+    yield
+    if _held.get("module") == item.path and (nextitem is None or nextitem.path != item.path):
+        _held.pop("file").close()  # closing the file releases the lock
+        _held.pop("module")

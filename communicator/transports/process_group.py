@@ -506,7 +506,10 @@ def _premultiply(opts: Any, tensors: list[Tensor], in_place: bool) -> tuple[list
         return tensors, name
     factor = getattr(op, "factor", None)
     if factor is None:
-        raise CommError("PREMUL_SUM needs a factor (torch.distributed._make_nccl_premul_sum(factor))")
+        raise CommError(
+            "PREMUL_SUM needs a factor (torch.distributed._make_nccl_premul_sum(factor)), which torch "
+            f"shows from 2.13 on (this is {torch.__version__})"
+        )
     if not in_place:
         return [t * factor for t in tensors], "sum"
     with torch.no_grad():
@@ -576,10 +579,21 @@ def communicator_of(group: dist.ProcessGroup | None) -> Communicator | None:
 def _enroll(group: CommProcessGroup, name: str) -> None:
     """Record ``group`` where torch records the groups ``new_group`` makes (not under the default tag)."""
     c10d = dist.distributed_c10d
-    group_name = c10d.GroupName(name)
+    group_name: Any = getattr(c10d, "GroupName", str)(name)  # a str before torch 2.13
     group.setGroupName(group_name)
     ranks = {g: r for r, g in enumerate(group.comm.global_ranks)}
-    c10d._register_pg_in_world(group, BACKEND, cast(Any, None), group_name, f"cpu:{BACKEND}", rank_mapping=ranks)
+    if hasattr(c10d, "_register_pg_in_world"):
+        c10d._register_pg_in_world(group, BACKEND, cast(Any, None), group_name, f"cpu:{BACKEND}", rank_mapping=ranks)
+        return
+    # torch before 2.13 keeps the same records without a helper to write them
+    world = c10d._world
+    world.pg_map[group] = (BACKEND, cast(Any, None))
+    world.pg_names[group] = group_name
+    world.pg_backend_config[group] = f"cpu:{BACKEND}"
+    world.pg_group_ranks[group] = ranks
+    world.tags_to_pg.setdefault(f"ptd:{group_name}", []).append(group)
+    world.pg_to_tag[group] = f"ptd:{group_name}"
+    torch._C._distributed_c10d._register_process_group(group_name, group)
 
 
 provide("process_group", process_group_of)  # Communicator.as_process_group
