@@ -102,3 +102,6 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     )
     assert (tmp_path / "site" / "api" / "index.html").is_file()
     assert "WARNING -" not in result.stderr, result.stderr  # strict mode already fails on them
+    # Long code lines wrap on a narrow screen (docs/about.md: how to look at it in a browser)
+    assert "white-space: pre-wrap" in (tmp_path / "site" / "stylesheets" / "extra.css").read_text()
+    assert "stylesheets/extra.css" in (tmp_path / "site" / "quickstart" / "index.html").read_text()
