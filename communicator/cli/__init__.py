@@ -24,7 +24,7 @@ __all__ = ["main"]
 COMMANDS = {
     "demo": "run a distributed evaluation on local gloo ranks and check it against one process",
     "info": "show what Communicator.create() would build here, and why",
-    "check": "run every collective once across the ranks of a real job and report pass/fail",
+    "check": "run every collective across the ranks of a real job and report pass/fail and each op's time",
     "bench": "time object and tensor collectives against torch.distributed and mmengine.dist",
     "trace": "merge the ranks' flight-recorder dumps and show where they diverged",
     "store": "serve a rendezvous store outside the ranks, so that survivors of any lost rank can go on",
