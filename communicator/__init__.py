@@ -7,7 +7,7 @@ code that receives ``comm`` has no branches.
 ``import communicator`` imports torch and registers torch's ``"communicator"`` backend at once. The
 command line (``python -m communicator``, the ``communicator`` script) imports the package without
 them, so that ``--help``, ``--version`` and usage errors answer at once: its public names then load
-on first use, and the command line loads them (:func:`_load`) before it runs a command.
+on first use, and the command line loads them before it runs a command.
 """
 
 import os
@@ -29,8 +29,7 @@ def _run_as_command_line() -> bool:
 
 
 _COMMAND_LINE = _run_as_command_line()
-_BY_MODULE = _COMMAND_LINE and sys.argv[:1] == ["-m"]
-_ARGUMENTS = sys.argv[1:]  # runpy replaces sys.argv[0] before the command runs
+_BY_MODULE = _COMMAND_LINE and sys.argv[:1] == ["-m"]  # now: runpy replaces sys.argv[0] before main runs
 
 
 def _require_torch() -> None:
@@ -46,7 +45,7 @@ def _require_torch() -> None:
         if _BY_MODULE and os.access(run, os.X_OK) and not os.environ.get("COMMUNICATOR_RUN"):
             print(f"communicator: {sys.executable} has no torch: running {run} in its place", file=sys.stderr)
             os.environ["COMMUNICATOR_RUN"] = "1"
-            os.execv(run, [run, *_ARGUMENTS])
+            os.execv(run, [run, *sys.argv[1:]])
         raise ModuleNotFoundError(
             f"communicator needs torch, which {sys.executable} (environment {sys.prefix}) cannot import: "
             "install it there first, e.g. python -m pip install torch==2.13.0",

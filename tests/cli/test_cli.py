@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -80,6 +81,29 @@ def test_a_python_without_torch_is_named_and_handed_to_the_clone_s_run_script(tm
         [sys.executable, "-m", "communicator", "--help"], env=environ, capture_output=True, text=True, timeout=60
     )
     assert helped.returncode == 0 and helped.stdout.startswith("usage: communicator"), helped.stderr
+
+
+def test_a_python_without_torch_hands_a_command_to_the_clone_s_run_script(tmp_path: Path) -> None:
+    """In a clone (here a copy of the package beside a ./run that says what it got), ``python -m
+    communicator COMMAND`` with a python without torch runs ./run with the same arguments."""
+    clone = tmp_path / "clone"
+    shutil.copytree(ROOT / "communicator", clone / "communicator", ignore=shutil.ignore_patterns("__pycache__"))
+    (clone / "run").write_text('#!/bin/sh\necho "./run got: $*"\n')
+    (clone / "run").chmod(0o755)
+    (tmp_path / "torch.py").write_text("raise ModuleNotFoundError('no torch here', name='torch')\n")
+    environ = {k: v for k, v in os.environ.items() if k != "COMMUNICATOR_RUN"}
+    environ["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{clone}"
+    done = subprocess.run(  # from tmp_path: python -m puts the working directory first on the path
+        [sys.executable, "-m", "communicator", "info", "--launcher", "none"],
+        env=environ,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout == "./run got: info --launcher none\n", done.stderr
+    assert f"{sys.executable} has no torch: running {clone / 'run'} in its place" in done.stderr
 
 
 # -- what the command line imports ------------------------------------------------------------------------
