@@ -32,7 +32,7 @@ from torch import nn
 
 from benchmarks.aligned import aligned
 from benchmarks.scaling import oversubscribed
-from benchmarks.spread import CONFIDENCE, MIN_ROUNDS, WITHIN_NOISE, Progress, Spread, judge, spread_of
+from benchmarks.spread import CONFIDENCE, MIN_ROUNDS, NOT_JUDGED, WITHIN_NOISE, Progress, Spread, judge, spread_of
 from communicator.base import Communicator
 from communicator.testing.spawn import launch
 
@@ -81,10 +81,11 @@ class Row:
     spread: Spread
     target: float
     check: str
+    judged: bool = True  # False in a --quick run
 
     @property
     def verdict(self) -> str:
-        return judge(self.spread, at_most=self.target)
+        return judge(self.spread, at_most=self.target) if self.judged else NOT_JUDGED
 
 
 def _mlp(quick: bool) -> nn.Module:
@@ -236,7 +237,8 @@ def _blocking_calls(pg: Any, settings: Settings, progress: Progress) -> Row:
 def run(world_size: int, cases: Sequence[str], settings: Settings, timeout: float) -> list[Row]:
     """The rows of ``cases`` (in :data:`CASES` order) at ``world_size``, from rank 0 (every rank holds the same)."""
     ordered = [case for case in CASES if case in cases]
-    return list(launch(_rank, world_size, {"backend": "gloo"}, (ordered, settings), timeout=timeout)[0])
+    rows = launch(_rank, world_size, {"backend": "gloo"}, (ordered, settings), timeout=timeout)[0]
+    return [dataclasses.replace(row, judged=not settings.quick) for row in rows]
 
 
 def _load() -> str:
@@ -281,6 +283,11 @@ def format_rows(rows: Sequence[Row], settings: Settings) -> str:
         "ratio: ours/native, per round: the time per step (forward, backward, optimizer step; all_reduce(1): per\n"
         "blocking one-element call) through comm.as_process_group() over the same through gloo's group, the slowest\n"
         f"rank's, in alternating blocks of {per}; shown: the median of the rounds' ratios [{CONFIDENCE * 100:.0f} %"
-        " confidence\ninterval]; a verdict only where the interval lies on one side of the target (at most);"
-        " params: whether\nboth sides ended with equal weights"
+        " confidence\ninterval]; "
+        + (
+            "a verdict only where the interval lies on one side of the target (at most)"
+            if not settings.quick
+            else f"verdicts: {NOT_JUDGED} (a --quick run is a smoke test)"
+        )
+        + "; params: whether\nboth sides ended with equal weights"
     )

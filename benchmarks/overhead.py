@@ -32,7 +32,7 @@ import torch.distributed as dist
 from benchmarks.aligned import aligned
 from benchmarks.ops import MMENGINE, TORCH, load_mmengine
 from benchmarks.scaling import oversubscribed
-from benchmarks.spread import CONFIDENCE, MIN_ROUNDS, WITHIN_NOISE, Progress, Spread, judge, spread_of
+from benchmarks.spread import CONFIDENCE, MIN_ROUNDS, NOT_JUDGED, WITHIN_NOISE, Progress, Spread, judge, spread_of
 from communicator.base import Communicator
 from communicator.guard import CallState
 from communicator.testing.spawn import launch
@@ -62,6 +62,7 @@ class OverheadRow:
     spread: Spread | None
     target: float | None
     missing: str | None = None
+    judged: bool = True  # False in a --quick run
 
     @property
     def ratio(self) -> float | None:
@@ -69,10 +70,13 @@ class OverheadRow:
 
     @property
     def verdict(self) -> str | None:
-        """``met``, ``missed``, ``within noise``, ``n/a`` without a baseline, or ``None`` without a target."""
+        """``met``, ``missed``, ``within noise``, ``not judged``, ``n/a`` without a baseline, or
+        ``None`` without a target."""
         if self.spread is None:
             return "n/a"
-        return None if self.target is None else judge(self.spread, at_most=self.target)
+        if self.target is None:
+            return None
+        return judge(self.spread, at_most=self.target) if self.judged else NOT_JUDGED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +84,11 @@ class Recording:
     """Microseconds to record one call, over timed runs; the target is below ``RECORDING_TARGET_US``."""
 
     spread: Spread
+    judged: bool = True  # False in a --quick run
 
     @property
     def verdict(self) -> str:
-        return judge(self.spread, at_most=RECORDING_TARGET_US)
+        return judge(self.spread, at_most=RECORDING_TARGET_US) if self.judged else NOT_JUDGED
 
 
 def load_ignite() -> ModuleType | None:
@@ -248,7 +253,7 @@ def run_overhead(
 
 def _load() -> str:
     try:
-        return f", load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+        return f"\nload average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     except OSError:  # not every platform has one
         return ""
 
@@ -261,7 +266,7 @@ def _cells(row: OverheadRow) -> tuple[str, str, str, str]:
 
 def format_overhead(rows: Sequence[OverheadRow], recording: Recording, world_size: int, calls: int = CALLS) -> str:
     """The table: each ratio with its interval, and a verdict only where the interval allows one."""
-    header = ("operation", "against", "theirs us", "ours us", "ours/theirs [interval]", "rounds", "target", "verdict")
+    header = ("operation", "against", "theirs", "ours", "ratio [interval]", "rounds", "target", "verdict")
     lines: list[tuple[str, ...]] = [header]
     for row in rows:
         target = "-" if row.target is None else f"<= {row.target:.2f}"
@@ -273,8 +278,14 @@ def format_overhead(rows: Sequence[OverheadRow], recording: Recording, world_siz
         f"overhead: world size {world_size}{', ' + crowded if crowded else ''}, rounds of {calls} calls,"
         f" slowest rank per round{_load()}\n"
         f"{table}{missing}\n"
-        f"recording one call (no hooks, statistics off), median of {spread.rounds} runs of {RECORDING_CALLS}:"
-        f" {spread.text(' us')}, target < {RECORDING_TARGET_US:g} us: {recording.verdict}\n"
-        f"[interval]: {CONFIDENCE * 100:.0f} % confidence interval of the median; a verdict only where it lies"
-        " on one side of the target, else 'within noise'"
+        f"recording a call, no hooks or statistics: {spread.text(' us')} (median of {spread.rounds} runs of"
+        f" {RECORDING_CALLS}), target < {RECORDING_TARGET_US:g} us: {recording.verdict}\n"
+        "theirs, ours: microseconds per call, the median of the rounds; ratio: ours/theirs, the median of the rounds'\n"
+        "ratios (each round: ours over theirs in adjacent blocks), not the ratio of the medians beside it;\n"
+        f"[interval]: {CONFIDENCE * 100:.0f} % confidence interval of that median\n"
+        + (
+            "a verdict only where the interval lies on one side of the target, else 'within noise'"
+            if recording.judged
+            else f"verdicts: {NOT_JUDGED} (a --quick run is a smoke test)"
+        )
     )

@@ -171,7 +171,8 @@ def format_phases(case: str, phases: Sequence[Phases], world_size: int) -> str:
         rows.append([row.op, label, *(f"{value:.3f}" for value in numbers)])
     rounds = phases[0].rounds if phases else 0
     return (
-        f"{case}, phases, world size {world_size}: each phase the slowest rank's, median of {rounds} rounds;"
-        " ours: its own accounting (stats=True); torch, mmengine: pickle.dumps/loads of the same payloads timed on"
-        " each rank apart from the call; transfer = total - serialise - deserialise\n" + aligned(rows)
+        f"{case}, phases, world size {world_size}: each phase the slowest rank's, median of {rounds} rounds\n"
+        f"{aligned(rows)}\n"
+        "ours: its own accounting (stats=True); torch, mmengine: pickle.dumps/loads of the same payloads timed\n"
+        "on each rank apart from the call; transfer = total - serialise - deserialise"
     )

@@ -4,7 +4,8 @@ A ratio is the median of per-round ratios; its spread is a distribution-free con
 of that median, from the order statistics of the rounds (no assumption about the noise's shape,
 no random resampling: every rank computes the same interval from the same times). A target is
 ``met`` or ``missed`` only when the whole interval lies on one side of it; an interval across it
-is ``within noise``, and so is any ratio from fewer rounds than a 90 % interval needs.
+is ``within noise``, and so is any ratio from fewer rounds than a 90 % interval needs. A ``--quick``
+run is a smoke test: every target of its tables reads ``not judged``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "MET",
     "MIN_ROUNDS",
     "MISSED",
+    "NOT_JUDGED",
     "WITHIN_NOISE",
     "Progress",
     "Spread",
@@ -30,6 +32,7 @@ __all__ = [
 
 CONFIDENCE = 0.90
 MET, MISSED, WITHIN_NOISE = "met", "missed", "within noise"
+NOT_JUDGED = "not judged"  # the verdict of every target in a --quick run
 
 
 def _tail(n: int, k: int) -> float:

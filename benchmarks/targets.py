@@ -2,7 +2,8 @@
 
 A target's ratio is the median of its per-round ratios (a round runs every call of a case once,
 interleaved, so both sides of a round share the machine's state), with the confidence interval
-of :mod:`.spread`; the verdict is ``met``, ``missed`` or ``within noise``.
+of :mod:`.spread`; the verdict is ``met``, ``missed`` or ``within noise`` (``n/a`` when a side did not
+run). A ``--quick`` run judges none: the report says ``not judged``, as its other tables do.
 """
 
 from __future__ import annotations

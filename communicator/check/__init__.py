@@ -6,12 +6,15 @@
     python -m communicator check --local 4        # starts 4 local gloo ranks itself
     python -m communicator check                  # no launcher: one process (NonDistComm)
 
-Every rank runs each check of :data:`CHECKS` on each size. A check calls the communicator, then
-compares what it got with what it must get, computed locally from the rank numbers alone. Each
-rank records pass/fail and the time of every (op, size); rank 0 gathers every rank's records and
-prints one row per (op, size): ``pass`` when every rank passed, ``FAIL`` (with the first error)
-when any rank failed, ``skip`` when the op does not apply (point-to-point in a world of one).
-Every rank exits with the same status: 0 when nothing failed anywhere, 1 otherwise.
+Every rank runs each check of :data:`CHECKS` on each size: once, then ``--repeat`` more times
+(3 by default). A check calls the communicator, then compares what it got with what it must get,
+computed locally from the rank numbers alone. Each rank records pass/fail and the op's time of
+every (op, size): the time inside the communicator's calls, not the check of their result, the
+median of the repeated runs (so a first call's connections and warm-up do not make it); rank 0
+gathers every rank's records and prints one row per (op, size): ``pass`` when every run passed on
+every rank, ``FAIL`` (with the first error) when any failed, ``skip`` when the op does not apply
+(point-to-point in a world of one), and the slowest rank's time. Every rank exits with the same
+status: 0 when nothing failed anywhere, 1 otherwise.
 
 A failing check does not stop the others. If the communicator itself breaks (another rank failed,
 a peer was lost, an op timed out), the run stops: each rank says where it stopped (rank 0 also
@@ -34,7 +37,7 @@ status = check_job(comm, [Check("my op", my_check, sized=False)])
 
 from communicator.check.catalogue import CHECKS, DEFAULT_SIZES, SIZES, Check
 from communicator.check.report import Outcome, render
-from communicator.check.runner import FATAL, Aborted, check_job, run_checks
+from communicator.check.runner import FATAL, TIMED_RUNS, Aborted, check_job, run_checks
 from communicator.check.values import Mismatch, Skip
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "DEFAULT_SIZES",
     "FATAL",
     "SIZES",
+    "TIMED_RUNS",
     "Aborted",
     "Check",
     "Mismatch",

@@ -13,8 +13,9 @@ __all__ = ["Outcome", "render"]
 
 
 class Outcome(NamedTuple):
-    """What one rank saw for one (op, size): ``status`` is pass, FAIL, skip or not run; ``delay``
-    is how late this rank arrived on purpose, and ``seconds`` leaves out the time it slept for it."""
+    """What one rank saw for one (op, size): ``status`` is pass, FAIL, skip or not run; ``seconds``
+    is the op's time inside the communicator's calls (see :func:`~communicator.check.run_checks`);
+    ``delay`` is how late this rank arrived on purpose (the time it slept is not in ``seconds``)."""
 
     op: str
     size: str
@@ -68,13 +69,29 @@ def _late_note(late: Sequence[tuple[int, Outcome]]) -> str:
     return f"ms from when the late {whose} arrived ({delay:.2f} s deliberate delay not counted)"
 
 
+def _legend(repeat: int) -> list[str]:
+    """What the time column shows."""
+    runs = {0: "in its one run", 1: "in the run after the checked one"}
+    which = runs.get(repeat, f"the median of the {repeat} runs after the checked one")
+    return [
+        f"{'median ms' if repeat else 'ms'}: time inside the communicator's calls (not the check of the result),"
+        " the slowest rank's,",
+        f"{which}; async_op rows: until the call returned (not the wait on its handle)",
+    ]
+
+
 def render(
-    comm: Communicator, per_rank: Mapping[int, Sequence[Outcome]], sizes: Sequence[str], seconds: float
+    comm: Communicator,
+    per_rank: Mapping[int, Sequence[Outcome]],
+    sizes: Sequence[str],
+    seconds: float,
+    repeat: int = 0,
 ) -> tuple[list[str], int]:
     """The report rank 0 prints and the exit status (1 when any rank failed or missed a check, else 0).
 
     ``per_rank`` maps ranks to their outcomes: every rank's after a run, only this rank's after
-    the run stopped. The report is a header from ``describe()``, one row per op and size, a summary.
+    the run stopped; ``repeat``: the timed runs after the checked one (their median is the time).
+    The report is a header from ``describe()``, one row per op and size, what the time is, a summary.
     """
     rows = _merge(per_rank, comm.world_size)
     width = max([len("op"), *(len(row[0]) for row in rows)])
@@ -84,17 +101,16 @@ def render(
         f"communicator check: {comm.world_size} rank(s), sizes {size_names}",
         *comm.describe().splitlines(),
         "",
-        f"{'op':<{width}}  {'size':<6}  {'result':<7}  {'ms':>9}  error",
+        f"{'op':<{width}}  {'size':<6}  {'result':<7}  {'median ms' if repeat else 'ms':>9}  error",
     ]
     for op, size, result, elapsed, error in rows:
         lines.append(f"{op:<{width}}  {size:<6}  {result:<7}  {elapsed * 1000:9.2f}  {error}".rstrip())
     counts = {status: sum(row[2] == status for row in rows) for status in ("pass", "FAIL", "skip", "not run")}
-    lines.append("")
+    lines += ["", *_legend(repeat)]
     lines.append(
         f"{counts['pass']} passed, {counts['FAIL']} failed, {counts['skip']} skipped"
         + (f", {counts['not run']} not run" if counts["not run"] else "")
-        + f" on {comm.world_size} rank(s){whose} in {seconds:.2f} s (ms: the slowest rank's time for the operation"
-        " and the check of its result)"
+        + f" on {comm.world_size} rank(s){whose} in {seconds:.2f} s"
     )
     status = 1 if counts["FAIL"] or counts["not run"] else 0
     lines.append("check passed" if status == 0 else "check FAILED")

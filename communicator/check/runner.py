@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 
@@ -11,7 +12,7 @@ from communicator.check.report import Outcome, render
 from communicator.check.values import Skip, take_delay
 from communicator.errors import CommTimeoutError, ConfigError, PeerLostError, RemoteError
 
-__all__ = ["FATAL", "Aborted", "check_job", "run_checks"]
+__all__ = ["FATAL", "TIMED_RUNS", "Aborted", "check_job", "run_checks"]
 
 #: The errors after which the communicator cannot be trusted: the run stops.
 FATAL: tuple[type[BaseException], ...] = (RemoteError, PeerLostError, CommTimeoutError)
@@ -26,29 +27,45 @@ class Aborted(Exception):
         self.error = error
 
 
+#: Runs of each op after the checked one, timed: the op's time is their median, so a first call's
+#: connections and warm-up, and one run a busy machine delays, do not make it.
+TIMED_RUNS = 3
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
 
 
-def _outcome(check: Check, size: str, status: str, start: float, message: str) -> Outcome:
-    """The check's outcome on this rank; a deliberate delay (``arrive_late``) is not the op's time."""
-    slept, asked = take_delay()
-    return Outcome(check.name, size, status, time.perf_counter() - start - slept, message, asked)
+def _run(comm: Communicator, check: Check, n: int) -> tuple[Exception | None, float, float]:
+    """Run ``check`` once: what it raised, the seconds this rank spent inside the communicator's calls
+    (not in the check of their result, nor in a deliberate delay), the delay asked (``arrive_late``)."""
+    take_delay()  # from 0: only this run's deliberate delay is counted
+    raised = None
+    with comm.profile() as profile:
+        try:
+            check.run(comm, n)
+        except Exception as error:  # noqa: BLE001 - sorted by the caller: skip, fatal or a failed check
+            raised = error
+    _, asked = take_delay()
+    return raised, sum(row.time for row in profile.stats.rows.values()), asked
 
 
 def run_checks(
-    comm: Communicator, checks: Sequence[Check] = CHECKS, sizes: Sequence[str] = DEFAULT_SIZES
+    comm: Communicator, checks: Sequence[Check] = CHECKS, sizes: Sequence[str] = DEFAULT_SIZES, repeat: int = 0
 ) -> list[Outcome]:
     """Run every check on every size on this rank (every rank calls it); this rank's outcomes.
 
-    A check that raises is a ``FAIL`` and the next one runs. After each check the ranks meet at a
-    barrier bounded by the communicator's timeout, so a check that left a rank behind cannot
-    pair one rank's next collective with another's previous one.
+    Each check runs once and ``repeat`` more times (every rank runs it as often, whatever it
+    found); the outcome's time is the median of the repeated runs' time inside the communicator's
+    calls (the first run's with ``repeat=0``). A run that raises makes the check a ``FAIL`` (the
+    first error is kept) and the next one runs. After each run the ranks meet at a barrier bounded
+    by the communicator's timeout, so a run that left a rank behind cannot pair one rank's next
+    collective with another's previous one.
 
     Raises:
         Aborted: the communicator broke: a check raised ``RemoteError``, ``PeerLostError`` or
-            ``CommTimeoutError``, or the barrier after a check failed.
+            ``CommTimeoutError``, or the barrier after a run failed.
     """
     unknown = [size for size in sizes if size not in SIZES]
     if unknown:
@@ -57,23 +74,28 @@ def run_checks(
     outcomes: list[Outcome] = []
     for check in checks:
         for size in sizes if check.sized else ("-",):
-            take_delay()  # from 0: only this check's deliberate delay is left out of its time
-            start = time.perf_counter()
-            status, message = "pass", ""
-            try:
-                check.run(comm, SIZES[size] if check.sized else 0)
-            except Skip as skip:
-                status, message = "skip", str(skip)
-            except FATAL as error:
-                outcomes.append(_outcome(check, size, "FAIL", start, _first_line(error)))
-                raise Aborted(outcomes, error) from error
-            except Exception as error:  # noqa: BLE001 - one failing op must not stop the others
-                status, message = "FAIL", _first_line(error)
-            outcomes.append(_outcome(check, size, status, start, message))
-            try:
-                comm.barrier(timeout=limit)
-            except Exception as error:  # ranks that cannot meet cannot go on
-                raise Aborted(outcomes, error) from error
+            status, message, delay = "pass", "", 0.0
+            times: list[float] = []
+            for run in range(1 + repeat):
+                raised, seconds, asked = _run(comm, check, SIZES[size] if check.sized else 0)
+                times.append(seconds)
+                delay = max(delay, asked)
+                if isinstance(raised, Skip):  # the same on every rank: no run follows
+                    status, message = "skip", str(raised)
+                elif isinstance(raised, FATAL):
+                    outcomes.append(Outcome(check.name, size, "FAIL", seconds, _first_line(raised), delay))
+                    raise Aborted(outcomes, raised) from raised
+                elif raised is not None and status == "pass":
+                    status, message = "FAIL", _first_line(raised) + (f" (timed run {run} of {repeat})" if run else "")
+                try:
+                    comm.barrier(timeout=limit)
+                except Exception as error:  # ranks that cannot meet cannot go on
+                    outcomes.append(Outcome(check.name, size, status, seconds, message, delay))
+                    raise Aborted(outcomes, error) from error
+                if status == "skip":
+                    break
+            timed = times[1:] or times
+            outcomes.append(Outcome(check.name, size, status, statistics.median(timed), message, delay))
     return outcomes
 
 
@@ -86,8 +108,10 @@ def check_job(
     checks: Sequence[Check] = CHECKS,
     sizes: Sequence[str] = DEFAULT_SIZES,
     emit: Callable[[str], None] = _emit,
+    repeat: int = TIMED_RUNS,
 ) -> int:
-    """Run the checks on every rank, ``emit`` the report on rank 0; the exit status, the same on every rank.
+    """Run the checks on every rank (each once, then ``repeat`` timed runs: see :func:`run_checks`),
+    ``emit`` the report on rank 0; the exit status, the same on every rank.
 
     Raises:
         Aborted: the communicator broke (its ``error`` says how), after this rank ``emit``-ted
@@ -96,10 +120,10 @@ def check_job(
     """
     start = time.perf_counter()
     try:
-        outcomes = run_checks(comm, checks, sizes)
+        outcomes = run_checks(comm, checks, sizes, repeat)
     except Aborted as aborted:
         if comm.rank == 0:
-            lines, _ = render(comm, {0: aborted.outcomes}, sizes, time.perf_counter() - start)
+            lines, _ = render(comm, {0: aborted.outcomes}, sizes, time.perf_counter() - start, repeat)
             for line in lines[:-1]:
                 emit(line)
         last = aborted.outcomes[-1] if aborted.outcomes else None
@@ -111,7 +135,7 @@ def check_job(
     status = 0
     if everyone is not None:
         per_rank = {rank: [Outcome._make(record) for record in records] for rank, records in enumerate(everyone)}
-        lines, status = render(comm, per_rank, sizes, time.perf_counter() - start)
+        lines, status = render(comm, per_rank, sizes, time.perf_counter() - start, repeat)
         for line in lines:
             emit(line)
     agreed: int = comm.broadcast_object(status, src=0)

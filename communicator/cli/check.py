@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from communicator.base import Communicator
-from communicator.check import CHECKS, DEFAULT_SIZES, SIZES, Aborted, Check, check_job
+from communicator.check import CHECKS, DEFAULT_SIZES, SIZES, TIMED_RUNS, Aborted, Check, check_job
 from communicator.config import CommConfig
 from communicator.errors import CommError, ConfigError, RemoteError
 
@@ -44,6 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ops", default=None, help="comma-separated parts of op names: check only the ops whose name contains one"
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=TIMED_RUNS,
+        metavar="N",
+        help="timed runs of each op after the checked one; the time shown is their median (default: %(default)s;"
+        " 0: the time of the checked run)",
+    )
 
 
 def _select(ops: str | None) -> list[Check]:
@@ -60,26 +68,32 @@ class _Stopped(Exception):
     """A local rank's report after the run stopped; it reaches the parent as the error message."""
 
 
-def _local_rank_job(comm: Communicator, checks: Sequence[Check], sizes: Sequence[str]) -> tuple[int, list[str]]:
+def _local_rank_job(
+    comm: Communicator, checks: Sequence[Check], sizes: Sequence[str], repeat: int
+) -> tuple[int, list[str]]:
     lines: list[str] = []
     try:
-        status = check_job(comm, checks, sizes, emit=lines.append)
+        status = check_job(comm, checks, sizes, emit=lines.append, repeat=repeat)
     except Aborted as aborted:
         raise _Stopped("\n".join(lines)) from aborted  # leaving the block with it releases the other ranks
     return status, lines
 
 
 def run_local(
-    nproc: int, checks: Sequence[Check] = CHECKS, sizes: Sequence[str] = DEFAULT_SIZES, timeout: float = 60.0
+    nproc: int,
+    checks: Sequence[Check] = CHECKS,
+    sizes: Sequence[str] = DEFAULT_SIZES,
+    timeout: float = 60.0,
+    repeat: int = TIMED_RUNS,
 ) -> int:
-    """``check --local N``: start ``nproc`` local gloo ranks, run ``checks`` on them, print rank 0's
-    report; the exit status. ``timeout`` bounds each op; the ranks are stopped after ``60 + 3 * timeout`` s."""
+    """``check --local N``: start ``nproc`` local gloo ranks, run ``checks`` on them (each once, then
+    ``repeat`` timed runs), print rank 0's report; the exit status. ``timeout`` bounds each op; the
+    ranks are stopped after ``60 + 3 * timeout`` s."""
     from communicator.testing.spawn import launch
 
+    config = {"backend": "gloo", "timeout": timeout}
     try:
-        results = launch(
-            _local_rank_job, nproc, {"backend": "gloo", "timeout": timeout}, (checks, sizes), timeout=60 + 3 * timeout
-        )
+        results = launch(_local_rank_job, nproc, config, (checks, sizes, repeat), timeout=60 + 3 * timeout)
     except RemoteError as error:
         reports = [failure.message for failure in error.failures if failure.error_type == _Stopped.__name__]
         if reports:  # the ranks' reports so far are the command's output
@@ -104,16 +118,18 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--timeout {args.timeout} is invalid: expected a positive number of seconds")
         if args.local is not None and args.local < 1:
             raise ConfigError(f"--local {args.local} is invalid: expected a positive number of ranks")
+        if args.repeat < 0:
+            raise ConfigError(f"--repeat {args.repeat} is invalid: expected a number of runs, 0 or more")
         checks = _select(args.ops)
         config = CommConfig.from_env().replace(timeout=args.timeout)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.local is not None:
-        return run_local(args.local, checks, sizes, args.timeout)
+        return run_local(args.local, checks, sizes, args.timeout, args.repeat)
     try:
         with Communicator.create(config) as comm:
-            return check_job(comm, checks, sizes)
+            return check_job(comm, checks, sizes, repeat=args.repeat)
     except Aborted:
         return 1  # already reported
     except Exception as error:  # noqa: BLE001 - a broken job is reported, not a traceback

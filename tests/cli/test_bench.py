@@ -4,6 +4,7 @@ verdicts on targets, judged on given numbers: a ratio's interval decides, never 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,12 +19,12 @@ from benchmarks.cases import CASES, LIST_OPS, OBJECT_OPS
 from benchmarks.cli import add_arguments
 from benchmarks.floor import Blocks, floor_valid
 from benchmarks.measured import CaseRun
-from benchmarks.ops import FLOOR, FLOOR_FRESH, MMENGINE, OURS, TORCH, build_ops, load_mmengine
+from benchmarks.ops import FLOOR, FLOOR_FRESH, MMENGINE, MMENGINE_GPU, OURS, OURS_SAFE, TORCH, build_ops, load_mmengine
 from benchmarks.overhead import IGNITE, OverheadRow, Recording, format_overhead
 from benchmarks.phases import Phases, format_phases
 from benchmarks.scaling import bytes_moved, format_scaling, oversubscribed
-from benchmarks.spread import MET, MIN_ROUNDS, MISSED, WITHIN_NOISE, Spread, judge, spread_of
-from benchmarks.table import format_targets
+from benchmarks.spread import MET, MIN_ROUNDS, MISSED, NOT_JUDGED, WITHIN_NOISE, Spread, judge, spread_of
+from benchmarks.table import format_floors, format_table, format_targets
 from benchmarks.targets import TARGETS, Outcome, evaluate, straddling
 from benchmarks.timing import Call, Timings
 from communicator.cli import main
@@ -65,7 +66,11 @@ def test_quick_bench_records_every_call(tmp_path: Path, capsys: pytest.CaptureFi
     printed = capsys.readouterr().out
     assert "torch/ours" in printed
     assert all(case.name in printed for case in CASES)
-    assert "not judged in a --quick run" in printed  # the case targets are set for the full payloads
+    assert max(len(line) for line in printed.splitlines()) <= 120
+    # One vocabulary: a smoke test judges no target, and says so in the same words everywhere.
+    assert "\ntargets: not judged (a --quick run is a smoke test" in printed
+    assert "\nverdicts: not judged (a --quick run is a smoke test)" in printed
+    assert not any(f"  {verdict}" in printed for verdict in VERDICTS)
     overhead = world["overhead"]
     assert overhead["recording_us"] > 0 and overhead["calls"] == 20
     names = [(row["name"], row["baseline"]) for row in overhead["rows"]]
@@ -77,11 +82,11 @@ def test_quick_bench_records_every_call(tmp_path: Path, capsys: pytest.CaptureFi
     assert {row["baseline"] for row in overhead["rows"] if row["missing"] is not None} <= {MMENGINE, IGNITE}
     assert all(row["verdict"] == "n/a" for row in overhead["rows"] if row["missing"] is not None)
     assert all(row["baseline_us"] > 0 and row["ours_us"] > 0 for row in ran)
-    # Five rounds give an interval: a verdict or "within noise", with the interval beside it.
-    assert all(row["verdict"] in VERDICTS for row in ran if row["target"] is not None)
+    # Five rounds give an interval, beside the ratio; a smoke test judges no target.
+    assert all(row["verdict"] == NOT_JUDGED for row in ran if row["target"] is not None)
     assert all(row["spread"]["low"] <= row["ratio"] <= row["spread"]["high"] for row in ran)
     assert {row["target"] for row in overhead["rows"] if row["name"].endswith(", 1 element")} == {1.0, 1.05}
-    assert overhead["recording"]["verdict"] in VERDICTS
+    assert overhead["recording"]["verdict"] == NOT_JUDGED
     assert "overhead: world size 2" in printed
 
 
@@ -98,10 +103,16 @@ def test_the_fresh_floor_and_the_cost_per_byte_are_recorded(tmp_path: Path, caps
             assert recorded["bytes_moved"] == bytes_moved(op, lengths) > 0
             ours = recorded["impls"][OURS]
             assert ours["us_per_mib"] == pytest.approx(ours["median_ms"] * 1000 / (recorded["bytes_moved"] / 2**20))
-    header, _, *rows = capsys.readouterr().out.split("\n\n")[0].splitlines()[1:]
+    printed = capsys.readouterr().out
+    header, _, *rows = printed.split("\n\n")[0].splitlines()[1:-3]  # under the caption, above the legend
+    assert header.startswith("case     op  ") and header.index("ours ms") < header.index("torch/ours")
+    assert header.endswith("ours ms  torch ms  mmengine ms  torch/ours  mmengine/ours  peak MiB  correct")
+    assert len(rows) == 2 * (len(LIST_OPS) + 2)  # collect_results twice (two mmengine modes), raw_all_gather
+    floors = printed.split("\nthe same rounds against the floors and the safe serializer\n", 1)[1].split("\n\n")[0]
+    header, _, *rows = floors.splitlines()[:-3]
     assert "fresh floor ms" in header and "ours/fresh floor" in header
     assert header.index("ours/floor") < header.index("ours/fresh floor") < header.index("safe/ours")
-    assert len(rows) == 2 * (len(LIST_OPS) + 2)  # collect_results twice (two mmengine modes), raw_all_gather
+    assert len(rows) == 2 * len(LIST_OPS)  # the ops with floors, collect_results once
 
 
 @pytest.mark.timeout(120)
@@ -120,7 +131,7 @@ def test_records_phases_add_up_to_their_total(tmp_path: Path, capsys: pytest.Cap
             assert sum(parts) == pytest.approx(phase["total_ms"]) or phase["transfer_ms"] == 0, (op, impl, phase)
     assert seen >= {OURS, TORCH}
     printed = capsys.readouterr().out
-    caption, header, *rows = printed.split("\nrecords, phases, world size 2: ", 1)[1].rstrip().splitlines()
+    caption, header, *rows = printed.split("\nrecords, phases, world size 2: ", 1)[1].split("\n\n")[0].splitlines()[:-2]
     assert caption.startswith("each phase the slowest rank's, median of 2 rounds")
     assert header.split() == ["op", "impl", "serialise", "ms", "transfer", "ms", "deserialise", "ms", "total", "ms"]
     assert len(rows) == sum(len(world["cases"]["records"]["ops"][op]["phases"]) for op in LIST_OPS)
@@ -200,6 +211,7 @@ def test_bench_says_what_it_is_doing_on_stderr() -> None:
     assert "[bench] overhead, world size 2: all_reduce, 1 element, statistics on (ours, off): round 5 of 5" in progress
     assert all(len(line) < 200 for line in progress)
     assert "overhead: world size 2" in done.stdout
+    assert "[bench]" not in done.stdout  # progress on stderr, the tables alone on stdout
 
 
 # -- verdicts on given numbers -----------------------------------------------------------------------------
@@ -291,7 +303,19 @@ def test_the_overhead_table_judges_by_the_interval() -> None:
     assert lines["barrier"].endswith("met")
     assert lines["broadcast, 1 element"].endswith("missed")
     assert lines["all_gather, shapes may differ"].rstrip().endswith("-")
-    assert "1.58 us [0.83-1.90], target < 1 us: within noise" in text
+    assert "1.58 us [0.83-1.90] (median of 21 runs of 20000), target < 1 us: within noise" in text
+    assert "; ratio: ours/theirs, the median of the rounds'\nratios (each round: ours over theirs" in text
+    assert max(len(line) for line in text.splitlines()) <= 120
+
+    # A --quick run: the same rows, no verdict, in the same words.
+    quick = format_overhead(
+        [dataclasses.replace(row, judged=False) for row in rows], Recording(_spread(1.58, 0.83, 1.90, 21), False), 2
+    )
+    lines = {line.split("  ")[0]: line for line in quick.splitlines()}
+    assert all(lines[row.name].endswith(NOT_JUDGED) for row in rows if row.target is not None)
+    assert lines["all_gather, shapes may differ"].rstrip().endswith("-")
+    assert "), target < 1 us: not judged\n" in quick
+    assert quick.endswith("\nverdicts: not judged (a --quick run is a smoke test)")
 
 
 # -- the floors, phases, scaling and peers on given numbers ----------------------------------------------------
@@ -360,3 +384,19 @@ def test_array_mib_sets_the_arrays_payload(tmp_path: Path) -> None:
     assert report["array_bytes"] == 3 * 2**20
     (world,) = report["worlds"]
     assert all(3 * 2**20 <= length < 3 * 2**20 + 2**16 for length in world["cases"]["arrays"]["bytes_per_rank"])
+
+
+def test_the_tables_fit_120_columns_whatever_the_figures() -> None:
+    slow = [99.9999]  # seconds: 99999.9 ms
+    seconds: dict[Call, list[float]] = {}
+    for op in ("all_gather_object", "collect_results"):
+        peers = (TORCH, MMENGINE) if op != "collect_results" else (MMENGINE, MMENGINE_GPU)
+        seconds |= {(op, impl): slow for impl in (OURS_SAFE, *peers, FLOOR, FLOOR_FRESH)}
+        seconds[op, OURS] = [0.01]  # ratios of 9999.99
+    run = _run("records", seconds)
+    run.timings.peak_bytes = {call: [99_999 * 2**20] for call in seconds}
+    table, floors = format_table([run]), format_floors([run])
+    assert "collect_results (tmpdir)" in table and "collect_results (gpu)" in table and "9999.99x" not in table
+    for text in (table, floors):
+        assert max(len(line) for line in text.splitlines()) <= 120, text
+    assert "the ratio of the medians beside it" in table and "ratios: of the\nmedians beside them" in floors

@@ -23,11 +23,12 @@ def test_quick_run_has_every_row(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert [(row["case"], row["world_size"]) for row in rows] == [(DDP, 2), (FSDP, 2), (PG_OVERHEAD, 2)]
     for row in rows:
         assert row["native"] > 0 and row["ours"] > 0 and row["spread"]["rounds"] >= 5, row
-        assert row["verdict"] in ("met", "missed", "within noise")
+        assert row["verdict"] == "not judged"  # a smoke test: a tiny model, few rounds
     assert [row["check"] for row in rows] == ["same", "same", ""]  # DDP and FSDP2 trained alike on both sides
     printed = capsys.readouterr().out
     table = printed[printed.index("DDP and FSDP2 through comm.as_process_group()") :]
     assert all(NAMES[case] in table for case in CASES) and "ratio: ours/native" in table
+    assert "verdicts: not judged (a --quick run is a smoke test)" in table
     assert max(len(line) for line in table.splitlines()) <= 120
 
 

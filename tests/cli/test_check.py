@@ -90,6 +90,7 @@ def test_bad_arguments_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "--sizes", "huge"]) == 2
     assert main(["check", "--ops", "no_such_op"]) == 2
     assert main(["check", "--local", "0"]) == 2
+    assert main(["check", "--repeat", "-1"]) == 2
     assert "huge" in capsys.readouterr().err
 
 
@@ -163,6 +164,62 @@ def test_run_checks_in_one_process() -> None:
         (CHECKS[2].name, "medium", "pass", ""),
     ]
     assert all(o.seconds >= 0 for o in outcomes)
+
+
+# -- the time column: the op's own time --------------------------------------------------------------------
+
+
+def test_each_check_runs_once_then_its_timed_runs() -> None:
+    runs: list[int] = []
+
+    def counted(comm: Communicator, n: int) -> None:
+        runs.append(n)
+        comm.barrier()
+
+    with NonDistComm() as comm:
+        run_checks(comm, [Check("counted", counted)], ["small"], repeat=3)
+        assert runs == [8] * 4  # the checked run and 3 timed ones
+        runs.clear()
+        run_checks(comm, [Check("counted", counted)], ["small"])
+        assert runs == [8]  # conformance suites run each check once
+
+
+def test_a_failure_in_a_timed_run_fails_the_check() -> None:
+    runs: list[int] = []
+
+    def flaky(comm: Communicator, n: int) -> None:
+        runs.append(n)
+        comm.barrier()
+        if len(runs) == 3:
+            raise Mismatch("wrong the third time")
+
+    with NonDistComm() as comm:
+        (outcome,) = run_checks(comm, [Check("flaky", flaky, sized=False)], ["small"], repeat=3)
+    assert len(runs) == 4  # the other runs still ran
+    assert (outcome.status, outcome.error) == ("FAIL", "Mismatch: wrong the third time (timed run 2 of 3)")
+
+
+def test_the_time_is_spent_inside_the_communicator_s_calls() -> None:
+    def no_call(comm: Communicator, n: int) -> None:
+        sum(range(100_000))  # the check of a result: work of this rank, not the op's
+
+    with NonDistComm() as comm:
+        outcomes = run_checks(comm, [Check("no call", no_call, sized=False), CHECKS[0]], ["small"], repeat=2)
+    assert [(o.op, o.status, o.seconds) for o in outcomes[:1]] == [("no call", "pass", 0.0)]
+    assert outcomes[1].seconds > 0  # barrier: a call
+
+
+def test_the_report_names_its_time_column(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COMMUNICATOR_LAUNCHER", "none")
+    assert main(["check", "--ops", "barrier"]) == 0
+    output = capsys.readouterr().out
+    assert "op                size    result   median ms  error" in output
+    legend = "ms: time inside the communicator's calls (not the check of the result), the slowest rank's,"
+    assert f"median {legend}\nthe median of the 3 runs after the checked one; async_op rows" in output
+    assert main(["check", "--ops", "barrier", "--repeat", "0"]) == 0
+    output = capsys.readouterr().out
+    assert "op                size    result          ms  error" in output
+    assert f"\n{legend}\nin its one run; async_op rows" in output
 
 
 # -- a broken communicator stops the run on every rank ----------------------------------------------------
