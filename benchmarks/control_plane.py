@@ -182,10 +182,13 @@ def news_delay(per_host: int = PER_HOST) -> float:
 
 
 class Clock:
-    """The simulation's time: the relays' freshness and the judges' terms follow it, not the wall clock."""
+    """The simulation's wall time: the relays' freshness, the statuses' ages and the judges' terms
+    follow it, not the real clock, and it starts at the same second in every run (the judges'
+    terms begin at multiples of theirs), so that what a scenario counts is the same however long
+    it takes to play."""
 
     def __init__(self) -> None:
-        self.now = time.time()
+        self.now = 1_000_000_000.0
 
     def __call__(self) -> float:
         return self.now

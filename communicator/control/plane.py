@@ -60,7 +60,7 @@ class World:
         self.log = EventLog(self.store, self.relay, clock, self.seal)
         self.hosts.announce(world_rank, listen=threads)
         self.root = FailureBoard(self.log, self.hosts, self.store, "", range(world_size), local_size)
-        self.watcher = Watcher(self.root, self.hosts, world_rank, world_size, config.stall_seconds, threads)
+        self.watcher = Watcher(self.root, self.hosts, world_rank, world_size, config.stall_seconds, threads, clock)
         self.users = 0  # open communicators of this world
         self.clock = clock  # wall time, which every process shares (the judges' terms follow it)
 

@@ -143,8 +143,10 @@ class Watcher:
         world_size: int,
         stall_seconds: float,
         thread: bool = True,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.board, self.hosts, self.world_rank = board, hosts, world_rank
+        self.clock = clock  # wall time, which the judges compare a status's age against
         self.heartbeat, self._settle = heartbeat_seconds(world_size), settle_seconds(stall_seconds)
         self._comms: dict[str, CallState] = {}
         self._stopped = threading.Event()
@@ -170,7 +172,8 @@ class Watcher:
 
     def status(self) -> dict[str, Any]:
         comms = {name: status_of(calls) for name, calls in list(self._comms.items())}
-        return {"host": socket.gethostname(), "pid": os.getpid(), "beat": self._beat, "at": time.time(), "comms": comms}
+        at = self.clock()
+        return {"host": socket.gethostname(), "pid": os.getpid(), "beat": self._beat, "at": at, "comms": comms}
 
     def beat(self, now: float) -> bool:
         """Look at this process's state; write it when it settled on something new, or when the
@@ -432,7 +435,7 @@ class Stall:
                 watch.board.log.seal.tally.note("statuses that are not one")
                 reports.append(Report(None, [], False, -1.0))
                 continue
-            age = max(time.time() - float(status["at"]), 0.0)
+            age = max(watch.clock() - float(status["at"]), 0.0)
             comms = status["comms"]
             entry = comms.get(watch.board.name)
             if entry is not None and "seconds" in entry:
