@@ -177,7 +177,7 @@ class FailureBoard:
         this rank's own closing is posted. One request a poll; never raises."""
         if not self._mismatch_raised:
             return
-        deadline, pause = time.monotonic() + limit, Pacer(self._store, 0.01, 0.2)
+        deadline, pause = time.monotonic() + limit, Pacer(self._store)
         with contextlib.suppress(Exception):
             while self._store.add(f"{self.name}closing", 0) < len(self.members):
                 if time.monotonic() > deadline:
@@ -416,21 +416,23 @@ class FailureBoard:
 
     def depart(self, rank: int, hosts_store: bool, linger: float) -> None:
         """Leave: a rank that hosts the store waits (at most ``linger`` seconds) until every other
-        rank has closed or is gone, since they may still read the board. Never raises."""
+        rank has closed or is gone, since they may still read the board. One request a poll (the
+        closings and the log's count), the log read when its count moved. Never raises."""
         if not hosts_store:
             return
         try:
             deadline = time.monotonic() + linger
-            pause = Pacer(self._store, 0.005)
+            pause = Pacer(self._store)
             everyone = len(self.members)  # this rank posted its closing already
-            while time.monotonic() < deadline:
-                if self._store.add(f"{self.name}closing", 0) >= everyone:
-                    return
-                self.refresh()
+            keys = [f"{self.name}closing", "events"]
+            closing, events = (self._store.add(key, 0) for key in keys)  # made: then one request reads both
+            while closing < everyone and time.monotonic() < deadline:
+                self.refresh(look=self.log.behind(events))
                 gone = {r for r in self._lost if r not in self._closed} | set(self._dead_here(rank))
                 if len(self._closed) + len(gone) >= everyone:
                     return
                 time.sleep(pause())
+                closing, events = self._store.counters(keys)
         except Exception:  # noqa: BLE001 - leaving must never fail
             pass
 

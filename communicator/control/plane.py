@@ -15,7 +15,7 @@ from communicator.config import CommConfig
 from communicator.control.barrier import barrier_poll
 from communicator.control.board import FailureBoard
 from communicator.control.liveness import Hosts
-from communicator.control.log import LOOK_SECONDS, RANK_ZERO, EventLog, Store, StoreHandle, guarded_store
+from communicator.control.log import RANK_ZERO, EventLog, Store, StoreHandle, guarded_store
 from communicator.control.polls import Pacer, Poll, drive
 from communicator.control.records import Seal
 from communicator.control.relay import Relay
@@ -162,7 +162,7 @@ class Control:
         assert self.refused is not None
         (seq, refusal), calls, every = self.refused, self._calls, self.world.log.look_seconds
         started = looked = now
-        pause = Pacer(self.world.store, 0.001, max(every, LOOK_SECONDS), now)
+        pause = Pacer(self.world.store, now=now)
         try:
             while True:
                 look = now - looked >= every

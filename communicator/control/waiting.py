@@ -3,7 +3,7 @@
 A rank blocked in an operation cannot be interrupted by its peers through the backend (gloo
 offers no abort that releases a blocked wait). So a wait is cut into slices, and between slices
 the waiting rank *looks* at its :class:`~communicator.control.board.FailureBoard` (one store
-request when nothing happened). Slices double from :data:`FIRST_SLICE_SECONDS` to
+request when nothing happened). Slices grow fourfold from :data:`FIRST_SLICE_SECONDS` to
 :data:`LOOK_SECONDS`: an operation that finishes within the first slice costs no request at all,
 and a long wait costs about one request a second, whatever the size of the job.
 
