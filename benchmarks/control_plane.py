@@ -182,10 +182,13 @@ def news_delay(per_host: int = PER_HOST) -> float:
 
 
 class Clock:
-    """The simulation's time: the relays' freshness and the judges' terms follow it, not the wall clock."""
+    """The simulation's wall time: the relays' freshness, the statuses' ages and the judges' terms
+    follow it, not the real clock, and it starts at the same second in every run (the judges'
+    terms begin at multiples of theirs), so that what a scenario counts is the same however long
+    it takes to play."""
 
     def __init__(self) -> None:
-        self.now = time.time()
+        self.now = 1_000_000_000.0
 
     def __call__(self) -> float:
         return self.now
@@ -224,17 +227,19 @@ def simulate(
     per_host: int = PER_HOST,
     scenarios: Sequence[str] = SCENARIOS,
     report: Callable[[Result], None] | None = None,
+    seconds: float | None = None,
 ) -> list[Result]:
     """The ``scenarios`` at ``n`` virtual ranks; ``real``: the store is a server, so times are
-    reported; ``report``: called with each result as it comes."""
-    from benchmarks.control_scenarios import scenario  # its scenarios use this module's pieces
+    reported; ``report``: called with each result as it comes; ``seconds``: how long the waits
+    last (the scenarios' own :data:`~benchmarks.control_scenarios.WAIT_SECONDS` when not given)."""
+    from benchmarks.control_scenarios import WAIT_SECONDS, scenario  # its scenarios use this module's pieces
 
     results = []
     logging.getLogger("communicator").disabled = True  # virtual ranks' stall warnings are not news
     try:
         with unswept():
             for name in scenarios:
-                result = scenario(name, n, make_store, real, per_host)
+                result = scenario(name, n, make_store, real, per_host, seconds or WAIT_SECONDS)
                 result.peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
                 results.append(result)
                 if report is not None:

@@ -25,7 +25,7 @@ from communicator.errors import (
 
 __all__ = ["WAIT_SECONDS", "scenario"]
 
-#: How long the simulated waits last (and the spread of the skewed arrivals).
+#: How long the simulated waits last (and the spread of the skewed arrivals), unless asked otherwise.
 WAIT_SECONDS = 10.0
 #: Groups in which ranks close or fail one after another, the others looking in between.
 WAVES = 10
@@ -130,9 +130,9 @@ def _refuse(refusing: Sequence[Control], controls: Sequence[Control], clock: Clo
     return knew
 
 
-def _skewed_refusals(controls: Sequence[Control], clock: Clock) -> bool:
-    """Every rank refuses collective #1, arriving evenly over :data:`WAIT_SECONDS`, then settles
-    until every rank has refused it; whether every one went on."""
+def _skewed_refusals(controls: Sequence[Control], seconds: float, clock: Clock) -> bool:
+    """Every rank refuses collective #1, arriving evenly over ``seconds``, then settles until
+    every rank has refused it; whether every one went on."""
     n = len(controls)
     for control in controls:
         control._calls.seq = 1
@@ -144,14 +144,14 @@ def _skewed_refusals(controls: Sequence[Control], clock: Clock) -> bool:
 
         return poll
 
-    starts = [(WAIT_SECONDS * i / max(n - 1, 1), refuse_then_settle(c)) for i, c in enumerate(controls)]
+    starts = [(seconds * i / max(n - 1, 1), refuse_then_settle(c)) for i, c in enumerate(controls)]
     return not any(_poll(starts, controls, clock))
 
 
-def _main_first(controls: Sequence[Control], clock: Clock) -> bool:
+def _main_first(controls: Sequence[Control], seconds: float, clock: Clock) -> bool:
     """``main_process_first``: the others wait in its barrier while rank 0 runs the block
-    (:data:`WAIT_SECONDS`); whether every rank went through."""
-    starts = [(WAIT_SECONDS if c.rank == 0 else 0.0, lambda now, c=c: c.barrier_poll(600.0, now)) for c in controls]
+    (``seconds``); whether every rank went through."""
+    starts = [(seconds if c.rank == 0 else 0.0, lambda now, c=c: c.barrier_poll(600.0, now)) for c in controls]
     return not any(_poll(starts, controls, clock))
 
 
@@ -195,15 +195,17 @@ def _lost(controls: Sequence[Control], clock: Clock) -> bool:
     return _spread([last, *there], lambda: None, PeerLostError, clock)
 
 
-def scenario(name: str, n: int, make_store: Callable[[], Store], real: bool, per_host: int) -> Result:
-    """Scenario ``name`` at ``n`` virtual ranks, ``per_host`` to a host."""
+def scenario(
+    name: str, n: int, make_store: Callable[[], Store], real: bool, per_host: int, seconds: float = WAIT_SECONDS
+) -> Result:
+    """Scenario ``name`` at ``n`` virtual ranks, ``per_host`` to a host; its waits last ``seconds``."""
     counting, clock = CountingStore(make_store()), Clock()
     stall_seconds = 4.0 if name == "stall" else 600.0
     building = time.perf_counter()
     controls = ranks(counting, n, stall_seconds, clock, per_host)
     built = time.perf_counter()
     try:
-        result = _play(name, controls, counting, clock, real)
+        result = _play(name, controls, counting, clock, real, seconds)
     finally:
         for control in controls:
             if control.world.relay is not None:
@@ -212,7 +214,9 @@ def scenario(name: str, n: int, make_store: Callable[[], Store], real: bool, per
     return result
 
 
-def _play(name: str, controls: Sequence[Control], counting: CountingStore, clock: Clock, real: bool) -> Result:
+def _play(
+    name: str, controls: Sequence[Control], counting: CountingStore, clock: Clock, real: bool, waits: float
+) -> Result:
     n, first = len(controls), controls[0]
     for control in controls:  # the first look
         control.board.check(control.rank, 0, "startup")
@@ -220,8 +224,8 @@ def _play(name: str, controls: Sequence[Control], counting: CountingStore, clock
     if name == "startup":
         before = (0, 0, 0, 0.0)
     elif name in ("idle wait", "stall"):
-        seconds = WAIT_SECONDS
-        knew = _wait(controls, WAIT_SECONDS, clock) or name == "idle wait"
+        seconds = waits
+        knew = _wait(controls, waits, clock) or name == "idle wait"
     elif name == "failure":
         knew = _spread(controls, lambda: first.failed(RuntimeError("boom"), "step"), RemoteError, clock)
     elif name == "mismatch":
@@ -234,9 +238,9 @@ def _play(name: str, controls: Sequence[Control], counting: CountingStore, clock
     elif name in ("refusal", "refused everywhere"):
         knew = _refuse(controls if name == "refused everywhere" else controls[:1], controls, clock)
     elif name == "refusals 10 s apart":
-        seconds, knew = WAIT_SECONDS, _skewed_refusals(controls, clock)
+        seconds, knew = waits, _skewed_refusals(controls, waits, clock)
     elif name == "main_process_first":
-        seconds, knew = WAIT_SECONDS, _main_first(controls, clock)
+        seconds, knew = waits, _main_first(controls, waits, clock)
     elif name == "cascade":  # each rank fails on its own (its own error, not an echo) and leaves
         knew = _waves(controls, lambda c: c.close(RuntimeError(f"rank {c.rank}: input file missing")), 2, clock)
     elif name == "closing":  # every rank closes after the same operation, the later ones looking meanwhile

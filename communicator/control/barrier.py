@@ -1,8 +1,9 @@
 """``barrier(timeout=...)`` through the store: every rank that arrived names the ones that did not.
 
-Each rank appends its rank to the barrier's list and counts itself in (three requests), then
-polls (see :mod:`communicator.control.polls`): one request a look reads the arrivals and the
-log's count; the log itself is read only when its count moved; looks back off to one a second.
+Each rank appends its rank to the barrier's list, counts itself in and reads the log's count
+(three requests), then polls (see :mod:`communicator.control.polls`): one request a look reads
+the arrivals and the log's count; the log itself is read only when its count moved; looks back
+off to one a second within five.
 On timeout, the first rank to time out lists the late ranks (as spans) for every other, so that a
 reader gets O(1) bytes however many arrived.
 """
@@ -13,8 +14,8 @@ import re
 from collections.abc import Callable
 
 from communicator.control.board import FailureBoard
-from communicator.control.log import guarded_store
-from communicator.control.polls import Poll, backoff
+from communicator.control.log import LOOK_SECONDS, guarded_store
+from communicator.control.polls import FIRST_PAUSE, Poll, backoff
 from communicator.control.ranks import Spans, listed, spans_text
 from communicator.errors import CommError, CommTimeoutError
 
@@ -40,14 +41,14 @@ def barrier_poll(
     key = f"{board.name}barrier{board.barriers}"
     guarded_store(lambda: store.append(f"{key}/who", f"{rank},"))
     arrived = guarded_store(lambda: store.add(key, 1))
-    store.add("events", 0)  # made: one request reads both counters
-    started, events = now, None
+    events = guarded_store(lambda: store.add("events", 0))  # made: one request reads both counters
+    started = now
     # Not paced by this thread's other requests (a judge's): a rank that saw the last arrival
     # seconds late would be judged to be in another collective by the ranks already past it.
-    pause = backoff(0.001, 1.0)
+    pause = backoff(FIRST_PAUSE, LOOK_SECONDS)
     while arrived < size:
         try:
-            board.check(rank, seq, what, look=board.log.behind(events))
+            board.check(rank, seq, what, look=board.log.behind(events), completing=True)
         except CommError:
             # The last ones may have arrived, left and failed later since this rank counted.
             if guarded_store(lambda: store.add(key, 0)) >= size:

@@ -64,6 +64,7 @@ class FailureBoard:
         self._names = self._lineage()
         self._taken = dict.fromkeys(self._names, 0)  # records of each heeded board already taken
         self._failures: dict[int, RemoteFailure] = {}  # local rank -> its first failure for good
+        self._done_first: dict[int, int] = {}  # local rank -> collectives it completed before that failure
         self._above: list[RemoteFailure] = []  # failures for good posted on the boards above
         self._inputs: dict[int, dict[int, RemoteFailure]] = {}  # seq -> local rank -> refusal
         self._refusals: dict[int, set[int]] = {}  # seq -> local ranks that refused that collective
@@ -124,15 +125,16 @@ class FailureBoard:
         except Exception:  # noqa: BLE001 - the store may be gone: the post says what it can
             return True
 
-    def post(self, failure: RemoteFailure) -> None:
-        """Announce that local rank ``failure.rank`` failed for good (echoes are not posted again);
-        the first failures are enough for every reader: past :data:`NAMED_RECORDS` a failure is
-        counted and kept under a key of its own, not recorded."""
+    def post(self, failure: RemoteFailure, done: int = -1) -> None:
+        """Announce that local rank ``failure.rank`` failed for good after completing ``done``
+        collectives (-1: not known; echoes are not posted again); the first failures are enough
+        for every reader: past :data:`NAMED_RECORDS` a failure is counted and kept under a key of
+        its own, not recorded."""
         if failure.error_type in ECHOES or self._released:
             return
         text = failure.to_json().decode()
         if self._named("failures"):
-            self._post("fail", failure.rank, failure=text)
+            self._post("fail", failure.rank, failure=text, done=done)
         else:
             with contextlib.suppress(Exception):
                 self._store.set(f"{self.name}failure/{failure.rank}", text)
@@ -175,7 +177,7 @@ class FailureBoard:
         this rank's own closing is posted. One request a poll; never raises."""
         if not self._mismatch_raised:
             return
-        deadline, pause = time.monotonic() + limit, Pacer(self._store, 0.01, 0.2)
+        deadline, pause = time.monotonic() + limit, Pacer(self._store)
         with contextlib.suppress(Exception):
             while self._store.add(f"{self.name}closing", 0) < len(self.members):
                 if time.monotonic() > deadline:
@@ -247,6 +249,7 @@ class FailureBoard:
             failure = _failure(record["failure"])
             if own:
                 self._failures.setdefault(rank, failure)
+                self._done_first.setdefault(rank, int(record.get("done", -1)))
             else:
                 self._above.append(failure)
         elif kind == "input":
@@ -269,11 +272,14 @@ class FailureBoard:
         elif kind == "verdict" and isinstance(record["verdict"], dict):
             self.verdicts[int(record["seq"])] = record["verdict"]
 
-    def check(self, rank: int, seq: int, what: str, look: bool = True) -> None:
+    def check(
+        self, rank: int, seq: int, what: str, look: bool = True, *, direct: bool = False, completing: bool = False
+    ) -> None:
         """Raise when a peer failed, refused its part of operation ``seq``, was lost, or closed
-        before reaching it; ``what`` names what this rank waits in (``look``: see :meth:`refresh`)."""
-        self.refresh(look=look)
-        self.raise_known(rank, seq, what)
+        before reaching it; ``what`` names what this rank waits in (``look``, ``direct``: see
+        :meth:`refresh`; ``completing``: see :meth:`raise_known`)."""
+        self.refresh(direct, look)
+        self.raise_known(rank, seq, what, completing)
         for peer, pid in self._dead_here(rank).items():
             self.lose(rank, peer, f"its process (pid {pid}) has exited", seq, what)
 
@@ -306,9 +312,11 @@ class FailureBoard:
             self._index = {w: rank for rank, w in enumerate(members)}
         return self._index.get(world)
 
-    def raise_known(self, rank: int, seq: int, what: str) -> None:
+    def raise_known(self, rank: int, seq: int, what: str, completing: bool = False) -> None:
         """Raise what the records read so far say (no request, but the two that count this rank
-        out of an operation after a refusal)."""
+        out of an operation after a refusal). ``completing``: this rank waits for collective
+        ``seq`` to finish, and a failure posted by a rank that had completed it does not end the
+        wait (every rank reached it: it may finish still; the next collective raises)."""
         if self._revoked_by is not None:
             raise RevokedError(f"{what} on rank {rank}: rank {self._revoked_by} revoked the communicator")
         if self._mismatch is not None:
@@ -317,7 +325,11 @@ class FailureBoard:
         if self._above:  # a failure for good above explains anything seen here (a peer closing)
             context = f"{what} on rank {rank} abandoned (ranks of the communicator it was split from)"
             raise RemoteError(_first_causes(self._above), context=context)
-        failures = [f for r, f in self._failures.items() if r != rank]
+        failures = [
+            f
+            for r, f in self._failures.items()
+            if r != rank and not (completing and self._done_first.get(r, -1) >= seq)
+        ]
         seen = {f.rank for f in failures}
         refusals = [f for r, f in self._inputs.get(seq, {}).items() if r != rank and f.rank not in seen]
         # A collective this rank went through although a peer refused its arguments to it (its part
@@ -404,21 +416,23 @@ class FailureBoard:
 
     def depart(self, rank: int, hosts_store: bool, linger: float) -> None:
         """Leave: a rank that hosts the store waits (at most ``linger`` seconds) until every other
-        rank has closed or is gone, since they may still read the board. Never raises."""
+        rank has closed or is gone, since they may still read the board. One request a poll (the
+        closings and the log's count), the log read when its count moved. Never raises."""
         if not hosts_store:
             return
         try:
             deadline = time.monotonic() + linger
-            pause = Pacer(self._store, 0.005)
+            pause = Pacer(self._store)
             everyone = len(self.members)  # this rank posted its closing already
-            while time.monotonic() < deadline:
-                if self._store.add(f"{self.name}closing", 0) >= everyone:
-                    return
-                self.refresh()
+            keys = [f"{self.name}closing", "events"]
+            closing, events = (self._store.add(key, 0) for key in keys)  # made: then one request reads both
+            while closing < everyone and time.monotonic() < deadline:
+                self.refresh(look=self.log.behind(events))
                 gone = {r for r in self._lost if r not in self._closed} | set(self._dead_here(rank))
                 if len(self._closed) + len(gone) >= everyone:
                     return
                 time.sleep(pause())
+                closing, events = self._store.counters(keys)
         except Exception:  # noqa: BLE001 - leaving must never fail
             pass
 

@@ -15,7 +15,7 @@ from communicator.config import CommConfig
 from communicator.control.barrier import barrier_poll
 from communicator.control.board import FailureBoard
 from communicator.control.liveness import Hosts
-from communicator.control.log import LOOK_SECONDS, RANK_ZERO, EventLog, Store, StoreHandle, guarded_store
+from communicator.control.log import RANK_ZERO, EventLog, Store, StoreHandle, guarded_store
 from communicator.control.polls import Pacer, Poll, drive
 from communicator.control.records import Seal
 from communicator.control.relay import Relay
@@ -25,6 +25,7 @@ from communicator.control.waiting import TransferWaiter, translate, wait
 from communicator.errors import CollectiveMismatchError, CommError, CommTimeoutError, RemoteFailure
 from communicator.guard import CallState
 from communicator.launchers.network import GLOO_IFNAME, interface_addresses, is_loopback, route_source
+from communicator.observe.events import DONE
 
 __all__ = ["PROBE_ADDRESS", "Control", "World"]
 
@@ -59,7 +60,7 @@ class World:
         self.log = EventLog(self.store, self.relay, clock, self.seal)
         self.hosts.announce(world_rank, listen=threads)
         self.root = FailureBoard(self.log, self.hosts, self.store, "", range(world_size), local_size)
-        self.watcher = Watcher(self.root, self.hosts, world_rank, world_size, config.stall_seconds, threads)
+        self.watcher = Watcher(self.root, self.hosts, world_rank, world_size, config.stall_seconds, threads, clock)
         self.users = 0  # open communicators of this world
         self.clock = clock  # wall time, which every process shares (the judges' terms follow it)
 
@@ -107,9 +108,11 @@ class Control:
     # -- what the base class asks ----------------------------------------------------------
 
     def wait(self, works: Sequence[Any], timeout: float | None) -> None:
-        calls = self._calls
+        calls, event = self._calls, self._calls.event
+        collective = event is not None and not event.p2p
         try:
-            wait(works, self.board, self.transfers, self.rank, calls.seq, calls.op, timeout or self.limit, self.watch)
+            limit = timeout or self.limit
+            wait(works, self.board, self.transfers, self.rank, calls.seq, calls.op, limit, self.watch, collective)
         except CommError as error:
             raise self.abandon(error) from error.__cause__  # the transport's own error, where it had one
 
@@ -120,8 +123,17 @@ class Control:
             self.broken = error
             if isinstance(error, CollectiveMismatchError) and not self.board.knows_mismatch():
                 self.board.post_mismatch(self.rank, error)
-            self.board.post(RemoteFailure.of(self.rank, error, self._calls.op))
+            self.board.post(RemoteFailure.of(self.rank, error, self._calls.op), self.completed())
         return error
+
+    def completed(self) -> int:
+        """The collectives this rank has completed: those it entered, less the last one if it is
+        still running or ended with an error (its peers may still be waiting in it)."""
+        calls = self._calls
+        last = next((e for e in reversed(calls.recorder.events()) if not e.p2p), None)
+        if last is None or last.seq != calls.seq:  # none yet, or out of the recorder: as entered
+            return calls.seq
+        return calls.seq if last.state == DONE else calls.seq - 1
 
     def launch_failed(self, error: RuntimeError) -> CommError:
         found = translate(error, self.board, self.rank, self._calls.seq, self._calls.op)
@@ -150,7 +162,7 @@ class Control:
         assert self.refused is not None
         (seq, refusal), calls, every = self.refused, self._calls, self.world.log.look_seconds
         started = looked = now
-        pause = Pacer(self.world.store, 0.001, max(every, LOOK_SECONDS), now)
+        pause = Pacer(self.world.store, now=now)
         try:
             while True:
                 look = now - looked >= every
@@ -166,11 +178,11 @@ class Control:
         except CommError as error:
             if self.broken is None:  # unusable now; a rank released later names the refusal as the cause
                 self.broken = error
-                self.board.post(refusal)
+                self.board.post(refusal, self.completed())
             raise error from None
 
     def failed(self, error: BaseException, where: str) -> None:
-        self.board.post(RemoteFailure.of(self.rank, error, where))
+        self.board.post(RemoteFailure.of(self.rank, error, where), self.completed())
         if self.broken is None:
             self.broken = CommError(f"rank {self.rank} failed in {where}")
 
@@ -189,7 +201,7 @@ class Control:
         """Tell the others this rank left (and why, after ``error``); no collective. Never raises."""
         try:
             if error is not None:
-                self.board.post(RemoteFailure.of(self.rank, error, "the communicator's block"))
+                self.board.post(RemoteFailure.of(self.rank, error, "the communicator's block"), self.completed())
             refused = self.refused[0] if self.refused is not None else -1
             self.board.post_closed(self.rank, self._calls.seq, self._calls.op, refused)
             self.board.linger()

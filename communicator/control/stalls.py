@@ -14,11 +14,10 @@ to *judge* it; the first member to ask does (one request each). A judge serves a
 :data:`JUDGE_TERM_SECONDS`; the waiting members elect one again each term (the judge asks first,
 so it stays while it waits), so that one that left or died is replaced. A point-to-point
 operation has no number the group shares: each waiting rank judges its own, reading and probing
-its peers only. Once per beat the judge reads
-every member's status in one request, and checks that the members it waits on are alive (see
-:mod:`communicator.control.liveness`). After ``stall_seconds`` (or half the timeout, if shorter)
-it judges (:func:`judge`) and posts its verdict for the other waiting members, who read it with
-the log they look at anyway:
+its peers only. Once per beat the judge checks that the members it waits on are alive (see
+:mod:`communicator.control.liveness`), and after ``stall_seconds`` (or half the timeout, if
+shorter) it also reads every member's status in one request, judges (:func:`judge`) and posts
+its verdict for the other waiting members, who read it with the log they look at anyway:
 
 - ranks in *different collectives at the same point* (the same number, different operations; or
   every rank inside a collective and not all in the same one), or in the same collective with
@@ -143,8 +142,10 @@ class Watcher:
         world_size: int,
         stall_seconds: float,
         thread: bool = True,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.board, self.hosts, self.world_rank = board, hosts, world_rank
+        self.clock = clock  # wall time, which the judges compare a status's age against
         self.heartbeat, self._settle = heartbeat_seconds(world_size), settle_seconds(stall_seconds)
         self._comms: dict[str, CallState] = {}
         self._stopped = threading.Event()
@@ -170,7 +171,8 @@ class Watcher:
 
     def status(self) -> dict[str, Any]:
         comms = {name: status_of(calls) for name, calls in list(self._comms.items())}
-        return {"host": socket.gethostname(), "pid": os.getpid(), "beat": self._beat, "at": time.time(), "comms": comms}
+        at = self.clock()
+        return {"host": socket.gethostname(), "pid": os.getpid(), "beat": self._beat, "at": at, "comms": comms}
 
     def beat(self, now: float) -> bool:
         """Look at this process's state; write it when it settled on something new, or when the
@@ -372,10 +374,10 @@ class Stall:
             self._log(verdict, now)  # and again by a new judge: warned of once
 
     def _judge(self, now: float, seq: int, publish: bool) -> None:
-        reports = self._gather(now)
         self._check_alive()
-        if now < self._diagnose_at:
+        if now < self._diagnose_at:  # the statuses are read only once they are judged
             return
+        reports = self._gather(now)
         if self._peers:  # a transfer: what its peers are doing, whatever it is
             sides = {r: report.describe().removeprefix("is ") for r, report in zip(self._judged, reports, strict=True)}
             verdict = Verdict("waiting", "", sides, self._peers)
@@ -432,7 +434,7 @@ class Stall:
                 watch.board.log.seal.tally.note("statuses that are not one")
                 reports.append(Report(None, [], False, -1.0))
                 continue
-            age = max(time.time() - float(status["at"]), 0.0)
+            age = max(watch.clock() - float(status["at"]), 0.0)
             comms = status["comms"]
             entry = comms.get(watch.board.name)
             if entry is not None and "seconds" in entry:

@@ -7,8 +7,9 @@ reported lost), or the timeout passed. The first caller to get there proposes th
 ``compare_set`` on the outcome key, which keeps the first proposal: every caller returns that one,
 so all survivors get the same answer even when a member dies during the call (its entry counts
 if the proposal saw it). A member that is alive but never calls is left out once the timeout
-passes; one that calls after the outcome was fixed reads it. The loops poll at the pace of
-:class:`~communicator.control.board.Pacer`: about one store request a second once a wait lasts.
+passes; one that calls after the outcome was fixed reads it. Each look is one request (the
+outcome, the entries and the log's count; the log is read when its count moved), at the pace of
+:class:`~communicator.control.polls.Pacer`: about one store request a second once a wait lasts.
 
 A shrink has a second step: before the new group forms, every chosen member says it is ready.
 A chosen member that dies before that, or is not ready by the shrink's timeout (given at least
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from communicator.control.board import FailureBoard, Pacer
-from communicator.control.log import guarded_store
+from communicator.control.log import StoreHandle, guarded_store
 from communicator.control.ranks import listed
 from communicator.errors import CommError, ExcludedError
 
@@ -48,10 +49,12 @@ class Survivors:
         """The members named by entries ``rank;`` or ``rank:value;`` (others are skipped)."""
         return listed(text.decode(errors="replace"), self._size, ";")
 
-    def _gone(self, ranks: set[int]) -> set[int]:
-        """Those of ``ranks`` (local) whose process is gone: reported lost, or found so here."""
-        self._board.refresh()
-        lost = set(self._board.lost())
+    def _gone(self, ranks: set[int], events: bytes | None = None) -> set[int]:
+        """Those of ``ranks`` (local) whose process is gone: reported lost (the log read when its
+        count ``events``, as the store holds it, moved), or found so here."""
+        board = self._board
+        board.refresh(look=not events or not events.isdigit() or board.log.behind(int(events)))
+        lost = set(board.lost())
         hosts, members = self._board.hosts, self._board.members
         return {r for r in ranks if r in lost or hosts.gone(members[r])}
 
@@ -68,18 +71,19 @@ class Survivors:
         among ``candidates`` (default: every member)."""
         store = self._store
         everyone = set(range(self._size)) if candidates is None else candidates
-        fixed = guarded_store(lambda: store.peek(outcome))
-        if fixed is not None:
+        fixed = _made(store, outcome)  # empty until proposed
+        guarded_store(lambda: store.add("events", 0))  # made: one request reads it with the others
+        if fixed:
             return fixed.decode(errors="replace")
         guarded_store(lambda: store.append(entries, mine))
-        deadline, pause = time.monotonic() + limit, Pacer(store, 0.005)
+        deadline, pause = time.monotonic() + limit, Pacer(store)
         while True:
-            fixed = guarded_store(lambda: store.peek(outcome))
-            if fixed is not None:
+            fixed, text, events = guarded_store(lambda: store.multi_get([outcome, entries, "events"]))
+            if fixed:
                 return fixed.decode(errors="replace")
-            present = self._ranks(guarded_store(lambda: store.get(entries))) & everyone
+            present = self._ranks(text) & everyone
             missing = everyone - present
-            if not missing - self._gone(missing) or time.monotonic() > deadline:
+            if not missing - self._gone(missing, events) or time.monotonic() > deadline:
                 joined = present - self._gone(present - {self._rank})
                 chosen = propose(joined)
                 return store.compare_set(outcome, "", chosen).decode(errors="replace")
@@ -129,7 +133,7 @@ class Survivors:
             return None
         before = f"{self._prefix}shrink{number - 1}"
         chosen = guarded_store(lambda: self._store.peek(f"{before}/members"))
-        if chosen is None:
+        if not chosen:  # none, or none proposed yet
             return None
         late = guarded_store(lambda: self._store.peek(f"{before}/late"))
         return self._ranks(chosen) - self._ranks(late or b"")
@@ -144,14 +148,15 @@ class Survivors:
         for a store that is gone, as each request here does."""
         store = self._store
         guarded_store(lambda: store.append(f"{key}/ready", f"{self._rank};"))
-        pause = Pacer(store, 0.005, 0.5)
+        pause = Pacer(store)
         while True:
-            if store.add(self._round_key, 0) != number:  # given up (a member was late or died), ready or not
+            round_now, ready_text, events = store.multi_get([self._round_key, f"{key}/ready", "events"])
+            if round_now != str(number).encode():  # given up (a member was late or died), ready or not
                 return False
-            ready = self._ranks(store.get(f"{key}/ready"))
+            ready = self._ranks(ready_text)
             if chosen <= ready:
                 return True
-            if self._gone(chosen - ready):
+            if self._gone(chosen - ready, events):
                 self.abandon(number)
                 return False
             if time.monotonic() > deadline:
@@ -166,3 +171,9 @@ def _listed(ranks: set[int]) -> str:
     if not ranks:
         raise CommError("shrink(): no member is left")
     return "".join(f"{r};" for r in sorted(ranks))
+
+
+def _made(store: StoreHandle, key: str) -> bytes:
+    """The value of ``key``, made empty if there is none (one request that never blocks): then
+    one ``multi_get`` reads it with other keys."""
+    return guarded_store(lambda: store.compare_set(key, "", ""))

@@ -3,7 +3,7 @@
 A rank blocked in an operation cannot be interrupted by its peers through the backend (gloo
 offers no abort that releases a blocked wait). So a wait is cut into slices, and between slices
 the waiting rank *looks* at its :class:`~communicator.control.board.FailureBoard` (one store
-request when nothing happened). Slices double from :data:`FIRST_SLICE_SECONDS` to
+request when nothing happened). Slices grow fourfold from :data:`FIRST_SLICE_SECONDS` to
 :data:`LOOK_SECONDS`: an operation that finishes within the first slice costs no request at all,
 and a long wait costs about one request a second, whatever the size of the job.
 
@@ -224,10 +224,13 @@ def wait(
     what: str,
     limit: float,
     watch: Watch | None = None,
+    collective: bool = False,
 ) -> None:
     """Wait for ``works`` (operation number ``seq``, ``what``); raise promptly if a peer failed,
     refused its part, died or closed, and ``CommTimeoutError`` after ``limit`` seconds. A wait
-    that lasts has its stall diagnosed (``watch``, see :mod:`communicator.control.stalls`)."""
+    that lasts has its stall diagnosed (``watch``, see :mod:`communicator.control.stalls`).
+    ``collective``: the works are collective ``seq``'s, which a failure posted by a rank that
+    completed it does not end (see :meth:`FailureBoard.raise_known`)."""
     if any(isinstance(work, Together) for work in works):
         works = [part for work in works for part in (work.works if isinstance(work, Together) else (work,))]
     started = time.monotonic()
@@ -248,17 +251,17 @@ def wait(
                     break
             except RuntimeError as error:  # the operation's own error; a finished work returns at once next time
                 raise translate(error, board, rank, seq, what, stall, limit) from error
-            _look(board, rank, seq, what, stall)
+            _look(board, rank, seq, what, stall, collective)
             if time.monotonic() > deadline:
                 raise _timed_out(what, rank, limit, stall)
     if job is not None:
-        _wait_for_transfers(job, p2p, board, rank, seq, what, deadline, stall, limit, pause)
+        _wait_for_transfers(job, p2p, board, rank, seq, what, deadline, stall, limit, pause, collective)
 
 
-def _look(board: FailureBoard, rank: int, seq: int, what: str, stall: Stall | None) -> None:
+def _look(board: FailureBoard, rank: int, seq: int, what: str, stall: Stall | None, collective: bool) -> None:
     """Look at the board and judge the stall; only a ``CommError`` leaves it (whatever the store held)."""
     try:
-        board.check(rank, seq, what)
+        board.check(rank, seq, what, completing=collective)
         if stall is not None:
             stall.tick(time.monotonic())
     except CommError:
@@ -286,11 +289,12 @@ def _wait_for_transfers(
     stall: Stall | None,
     limit: float,
     pause: Callable[[], float],
+    collective: bool,
 ) -> None:
     # The transfers time out on their own at the deadline; the grace covers a stuck thread.
     noticed: dict[int, float] = {}  # when this rank first saw a peer of an unfinished transfer closed
     while not job.done(pause()):
-        _look(board, rank, seq, what, stall)
+        _look(board, rank, seq, what, stall, collective)
         now = time.monotonic()
         closed = board.closed()
         for transfer in p2p:
@@ -328,10 +332,14 @@ def translate(
     text = str(error)
     first_line = text.splitlines()[0] if text else type(error).__name__
     if any(marker in text for marker in _LOST):
-        try:  # a peer's process closes its connections as it exits, a moment before it is gone
+        # A peer closes its connections once it posted why it left (its failure, its refusal),
+        # or as its process exits, a moment before it is gone. What it posted is read from the
+        # store itself: the host's relay may not have read it yet.
+        try:
+            board.check(rank, seq, what, direct=True)
             for _ in range(_EXITING_LOOKS):
                 time.sleep(_EXITING_SECONDS / _EXITING_LOOKS)
-                board.check(rank, seq, what)
+                board.check(rank, seq, what, direct=True)
         except CommError as known:
             return known
         # the transport's own words (gloo's "[.../pair.cc:...] Connection closed by peer ...") stay the cause

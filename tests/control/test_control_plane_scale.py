@@ -21,6 +21,8 @@ GROWTH = 16 * 1.25
 #: What a CI machine runs at 10,000 ranks within about a minute: every scenario where each rank
 #: posts (the ones whose readers once read N records each), and the news of one.
 AT_TEN_THOUSAND = ("failure", "refused everywhere", "closing")
+#: The scenarios in which ranks wait (for the simulated seconds, or arriving over them).
+WAITS = ("idle wait", "stall", "refusals 10 s apart", "main_process_first")
 
 
 @functools.cache
@@ -58,6 +60,22 @@ def test_news_costs_a_few_requests_and_bytes_per_rank(counts) -> None:
     assert counts[1024]["idle wait"].rate <= 2.0
 
 
+@pytest.mark.parametrize("per_host", [1, 8])
+def test_a_wait_makes_a_few_requests_at_its_start_then_about_one_a_second(per_host: int) -> None:
+    # Each wait played 10 and 30 simulated seconds long: per rank, what it costs for each second it
+    # lasts (a look, an election of a stall judge each 5 s term, the process's heartbeat each 5 s;
+    # a collective's looks go through the host's relay where one serves) and at its start.
+    short, long = (_waits(per_host, seconds) for seconds in (10.0, 30.0))
+    for scenario in WAITS:
+        per_second = (long[scenario].per_rank - short[scenario].per_rank) / 20
+        at_start = short[scenario].per_rank - 10 * per_second
+        assert per_second <= 1.5 and at_start <= 10, (scenario, per_second, at_start)
+
+
+def _waits(per_host: int, seconds: float) -> dict[str, Result]:
+    return {r.scenario: r for r in simulate(64, HashStore, per_host=per_host, scenarios=WAITS, seconds=seconds)}
+
+
 def test_ten_thousand_ranks_cost_what_a_thousand_do_per_rank(counts) -> None:
     large = {r.scenario: r for r in simulate(10_000, HashStore, scenarios=AT_TEN_THOUSAND)}
     for scenario in AT_TEN_THOUSAND:
@@ -66,6 +84,17 @@ def test_ten_thousand_ranks_cost_what_a_thousand_do_per_rank(counts) -> None:
         assert large[scenario].per_rank <= small.per_rank * 1.25, scenario
         assert large[scenario].keys_per_rank <= small.keys_per_rank * 1.25, scenario
         assert large[scenario].bytes_per_rank <= small.bytes_per_rank * 1.25, scenario
+
+
+def test_what_a_scenario_counts_follows_the_simulated_clock_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A loaded machine plays the scenarios slowly: here the wall clock runs 100 times as fast as
+    # the simulation, and nothing counted may change.
+    played = {r.scenario: r for r in simulate(64, HashStore)}
+    real, start = time.time, time.time()
+    monkeypatch.setattr(time, "time", lambda: start + (real() - start) * 100)
+    for again in simulate(64, HashStore):
+        first = played[again.scenario]
+        assert (again.requests, again.keys, again.bytes) == (first.requests, first.keys, first.bytes), again.scenario
 
 
 def test_a_judge_serves_while_it_waits_and_is_replaced_once_it_stops() -> None:

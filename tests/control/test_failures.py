@@ -54,6 +54,66 @@ def test_fail_together_releases_blocked_ranks(world_size: int) -> None:
         assert seconds < RELEASE_SECONDS
 
 
+class _HeldUntilRead:
+    """A started barrier that reports itself unfinished until the flag exists (rank 1 has posted
+    its failure, after completing the barrier) and this rank's log has read that far: the wait
+    looks at its board with the failure on it before the barrier finishes here."""
+
+    def __init__(self, work: object, comm: Communicator, flag: pathlib.Path) -> None:
+        self.work, self.flag, self.control = work, flag, comm._plane()
+        self.posted: int | None = None  # the records posted by then
+        self.looked = False
+
+    def wait(self, timeout: object = None) -> object:
+        assert self.control is not None
+        board = self.control.board
+        if self.posted is None and self.flag.exists():
+            self.posted = board.keys.add("events", 0)
+        read = self.posted is not None and not board.log.behind(self.posted)
+        if not (read and self.looked):  # and one more look at the board since its log read that far
+            self.looked = read
+            time.sleep(0.01)
+            return False
+        return self.work.wait()  # type: ignore[attr-defined]
+
+    def is_completed(self) -> bool:
+        return False
+
+
+def failure_after_a_barrier_everyone_reached(comm: Communicator, folder: str) -> list[str]:
+    posted, finished = pathlib.Path(folder, "posted"), pathlib.Path(folder, "finished")
+    outcomes = []
+    if comm.rank == 0:
+        barrier = comm._barrier
+        comm._barrier = lambda: _HeldUntilRead(barrier(), comm, posted)  # type: ignore[method-assign]
+    try:
+        comm.barrier()
+        outcomes.append("barrier done")
+    except CommError as error:
+        outcomes.append(f"barrier: {_outcome(error)}")
+    try:
+        with comm.fail_together("step"):
+            if comm.rank == 1:
+                raise ValueError("bad shard")
+            comm.all_reduce(torch.ones(1))
+    except RemoteError as error:
+        outcomes.append(f"released by {error.ranks}")
+    except CommError as error:
+        outcomes.append(_outcome(error))
+    (posted if comm.rank == 1 else finished).touch()
+    while comm.rank == 1 and not finished.exists():  # alive and connected until rank 0 is through
+        time.sleep(0.01)
+    return outcomes
+
+
+def test_a_failure_posted_after_a_collective_every_rank_reached_does_not_abandon_it(tmp_path) -> None:
+    # Rank 1 completes the barrier and fails in the next block; rank 0, still waiting for its own
+    # part of the barrier to finish, reads the failure first. The barrier finishes; the next
+    # collective is the one abandoned.
+    results = run_ranks(failure_after_a_barrier_everyone_reached, 2, str(tmp_path), cfg={"timeout": 60}, timeout=60)
+    assert results == [["barrier done", "released by (1,)"]] * 2, results
+
+
 def fail_together_without_failure(comm: Communicator) -> list[int]:
     with comm.fail_together():
         gathered = comm.all_gather_object(comm.rank)
@@ -80,6 +140,42 @@ def test_bad_argument_on_one_rank_releases_the_others(world_size: int) -> None:
     for outcome, seconds, message in results[:-1]:
         assert outcome == "RemoteError" and f"rank {world_size - 1} raised ValueError" in message
         assert seconds < RELEASE_SECONDS
+
+
+def refused_then_disconnected(comm: Communicator, folder: str) -> str:
+    """Rank 2 refuses its arguments to a gather, then closes its connections. Rank 0, waiting for
+    its record point to point, reads the store only when asked to read it directly (as when its
+    host's relay has not read it yet), so its transport's lost connection comes first. Every
+    rank stays alive until all are through: no process found gone explains anything."""
+    if comm.rank == 2:
+        try:
+            comm.gather_object(comm.rank, dst=comm.world_size)
+            outcome = "no error"
+        except ValueError:
+            outcome = "refused"
+        comm.close()
+    else:
+        control = comm._plane()
+        assert control is not None
+        if comm.rank == 0:
+            look = control.world.log.look
+            control.world.log.look = lambda direct=False: look(direct) if direct else False  # type: ignore[method-assign]
+        try:
+            comm.gather_object(comm.rank, dst=0)
+            outcome = "no error"
+        except CommError as error:
+            outcome = f"{_outcome(error)}: {error}"
+    pathlib.Path(folder, str(comm.rank)).touch()
+    while not all(pathlib.Path(folder, str(rank)).exists() for rank in range(comm.world_size)):
+        time.sleep(0.01)
+    return outcome
+
+
+def test_a_refusal_is_the_cause_when_the_refusing_rank_disconnects_first(tmp_path) -> None:
+    *waiting, refuser = run_ranks(refused_then_disconnected, 3, str(tmp_path), cfg={"timeout": 60}, timeout=60)
+    assert refuser == "refused"
+    for outcome in waiting:
+        assert outcome.startswith("RemoteError") and "rank 2 raised ValueError" in outcome, outcome
 
 
 def _steps(*calls: Callable[[], object]) -> list[tuple[str, str]]:

@@ -65,6 +65,28 @@ def test_main_process_first_waits_beyond_the_collective_timeout() -> None:
     assert results == [[rank, 0, 1, 2] for rank in range(3)]
 
 
+def requests_while_main_goes_first(comm: Communicator) -> tuple[int, float]:
+    """The store requests this rank's thread makes in ``main_process_first`` while rank 0 takes
+    6 s over the block, and how long it took."""
+    control = comm._plane()
+    assert control is not None
+    started, before = time.monotonic(), control.world.store.requests
+    with comm.main_process_first():
+        if comm.rank == 0:
+            time.sleep(6)
+    return control.world.store.requests - before, time.monotonic() - started
+
+
+def test_a_long_wait_makes_about_one_store_request_a_second() -> None:
+    # Three to arrive and read the log's count, one for the host's process ids; five looks in the
+    # first second and a half (prompt when the ranks arrive together), then one a second; an
+    # election of a stall judge from 2 s on and each 5 s term; the judge's look up of where its
+    # two peers run (it reads their statuses only from stall_seconds on, past this wait).
+    cfg = {"timeout": 120, "stall_seconds": 60}
+    for requests, waited in run_ranks(requests_while_main_goes_first, 3, cfg=cfg, timeout=60)[1:]:
+        assert requests <= 12 + 1.25 * waited, (requests, waited)
+
+
 def two_threads(comm: Communicator) -> tuple[int, int]:
     refused, done = [], []
 
