@@ -152,6 +152,25 @@ def test_gathers_of_changing_sizes(run) -> None:
     assert all(run(gathers_of_changing_sizes))
 
 
+def large_gathers(comm: Communicator) -> bool:
+    """Tensors of 4 MiB and more arrive in memory faulted in before the transfer (see ``staging.empty``)."""
+    rank, world = comm.rank, comm.world_size
+    mine = torch.arange(1_300_000, dtype=torch.float32) * (rank + 1)  # 5.2 MiB
+    for got in (comm.all_gather(mine), comm.all_gather(mine, same_shape=True), comm.gather(mine, dst=world - 1)):
+        if got is not None:
+            assert all(
+                torch.equal(t, torch.arange(1_300_000, dtype=torch.float32) * (r + 1)) for r, t in enumerate(got)
+            )
+    with torch.inference_mode():
+        inferred = comm.all_gather(torch.full((2, 700_000), rank, dtype=torch.complex64), same_shape=True)
+    assert all(t.is_inference() and bool((t == r).all()) for r, t in enumerate(inferred))
+    return True
+
+
+def test_large_gathers(run) -> None:
+    assert all(run(large_gathers))
+
+
 def repeated_gather_starts(comm: Communicator) -> list[tuple[int, int]]:
     """How many collectives and transfers each of three equal all_gathers of 64 KiB starts."""
     started: list[str] = []
