@@ -7,8 +7,8 @@ received bytes, so arrays and tensors are views of the receive buffer, not copie
 come first so that a large tensor or array starts a chunk: an object that is one tensor is sent
 whole from the tensor's own memory, nothing staged but the few bytes after it.
 
-A sender never builds its whole frame. :class:`Outgoing` lays the frame out (table, pickle stream,
-aligned out-of-band buffers) and hands it out chunk by chunk: a chunk that lies inside one buffer
+A sender never builds its whole frame. :class:`Outgoing` lays the frame out (aligned out-of-band
+buffers, pickle stream, table) and hands it out chunk by chunk: a chunk that lies inside one buffer
 is sent straight from the object's own memory (a large tensor or array is never copied); a chunk
 that spans several pieces is copied into one of two staging buffers of ``chunk`` bytes. So a rank
 needs at most ``2 * chunk`` bytes on top of its own objects to send, whatever their size.

@@ -331,10 +331,10 @@ class TensorOperations:
         Every rank first sends a record of its tensor's shape, in one collective; a CPU tensor
         travels inside it when it fits: up to 752 bytes, or the previous gather's largest
         tensor rounded up to a power of two (256 KiB at most), so a gather that repeats its
-        sizes is that one collective. Other tensors follow in one more collective (equal shapes) or point to
-        point. ``same_shape=True`` says that every rank passes the same shape: one collective,
-        as ``torch.distributed.all_gather``, without the records (debug mode checks the promise;
-        a broken one fails in the backend).
+        sizes is that one collective. Other tensors follow in one more collective (equal
+        shapes) or point to point. ``same_shape=True`` says that every rank passes the same
+        shape: one collective, as ``torch.distributed.all_gather``, without the records (debug
+        mode checks the promise; a broken one fails in the backend).
 
         Example:
             ```python
