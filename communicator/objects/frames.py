@@ -1,11 +1,14 @@
 """Frames on the wire: streamed in chunks from the codec's pieces, received into exact-size buffers.
 
-A frame is one contiguous byte string: a small table, the pickle stream, then each out-of-band
-buffer (NumPy arrays, CPU tensors) aligned to 64 bytes. Receivers unpickle straight from the
-received bytes, so arrays and tensors are views of the receive buffer, not copies.
+A frame is one contiguous byte string: each out-of-band buffer (NumPy arrays, CPU tensors)
+aligned to 64 bytes, then the pickle stream, then a small table (the buffers' lengths, then their
+count and the stream's length in the frame's last bytes). Receivers unpickle straight from the
+received bytes, so arrays and tensors are views of the receive buffer, not copies. The buffers
+come first so that a large tensor or array starts a chunk: an object that is one tensor is sent
+whole from the tensor's own memory, nothing staged but the few bytes after it.
 
-A sender never builds its whole frame. :class:`Outgoing` lays the frame out (table, pickle stream,
-aligned out-of-band buffers) and hands it out chunk by chunk: a chunk that lies inside one buffer
+A sender never builds its whole frame. :class:`Outgoing` lays the frame out (aligned out-of-band
+buffers, pickle stream, table) and hands it out chunk by chunk: a chunk that lies inside one buffer
 is sent straight from the object's own memory (a large tensor or array is never copied); a chunk
 that spans several pieces is copied into one of two staging buffers of ``chunk`` bytes. So a rank
 needs at most ``2 * chunk`` bytes on top of its own objects to send, whatever their size.
@@ -45,7 +48,7 @@ __all__ = [
 ]
 
 ALIGN = 64
-_TABLE_HEAD = struct.Struct("<IQ")  # buffer count, pickle stream length
+_TAIL = struct.Struct("<IQ")  # buffer count, pickle stream length: a frame's last bytes
 _LENGTH = struct.Struct("<Q")
 
 Pending = Callable[[], None]
@@ -69,49 +72,63 @@ def _aligned(n: int) -> int:
 
 
 def frame_layout(pieces: Sequence[memoryview]) -> tuple[int, list[int]]:
-    """Total frame length and the offset of each piece in it."""
-    table = _TABLE_HEAD.size + _LENGTH.size * (len(pieces) - 1)
-    offsets = [table]
-    position = table + pieces[0].nbytes
-    for piece in pieces[1:]:
-        position = _aligned(position)
-        offsets.append(position)
-        position += piece.nbytes
-    return position, offsets
+    """Total frame length and the offset of each piece in it (``pieces[0]`` is the stream)."""
+    offsets = [0] * len(pieces)
+    position = 0
+    for i in range(1, len(pieces)):
+        offsets[i] = _aligned(position)
+        position = offsets[i] + pieces[i].nbytes
+    offsets[0] = position
+    return position + pieces[0].nbytes + _LENGTH.size * (len(pieces) - 1) + _TAIL.size, offsets
 
 
 def frame_table(pieces: Sequence[memoryview]) -> bytes:
-    """The table a frame starts with: the buffer count, the stream's length, each buffer's length."""
-    return _TABLE_HEAD.pack(len(pieces) - 1, pieces[0].nbytes) + b"".join(
-        _LENGTH.pack(piece.nbytes) for piece in pieces[1:]
-    )
+    """The table a frame ends with: each buffer's length, then the buffer count and the stream's length."""
+    lengths = b"".join(_LENGTH.pack(piece.nbytes) for piece in pieces[1:])
+    return lengths + _TAIL.pack(len(pieces) - 1, pieces[0].nbytes)
+
+
+def _bytes_of(piece: memoryview) -> np.ndarray:
+    return np.frombuffer(piece.cast("B") if piece.format != "B" or piece.ndim != 1 else piece, dtype=np.uint8)
+
+
+def _in_frame_order(pieces: Sequence[memoryview]) -> tuple[int, list[np.ndarray], list[int]]:
+    """Total length, and every part of the frame (buffers, stream, table) as bytes with its offset."""
+    total, offsets = frame_layout(pieces)
+    parts = [*(_bytes_of(piece) for piece in pieces[1:]), _bytes_of(pieces[0])]
+    parts.append(np.frombuffer(frame_table(pieces), dtype=np.uint8))
+    return total, parts, [*offsets[1:], offsets[0], offsets[0] + pieces[0].nbytes]
 
 
 def pack_frame(pieces: Sequence[memoryview], into: np.ndarray | None = None) -> np.ndarray:
     """Concatenate a codec's pieces into one uint8 array (senders stream them instead: see
     :class:`Outgoing`)."""
-    total, offsets = frame_layout(pieces)
+    total, parts, starts = _in_frame_order(pieces)
     out = np.empty(total, dtype=np.uint8) if into is None else into[:total]
-    table = frame_table(pieces)
-    out[: len(table)] = np.frombuffer(table, dtype=np.uint8)
-    for piece, offset in zip(pieces, offsets, strict=True):
-        out[offset : offset + piece.nbytes] = np.frombuffer(piece.cast("B"), dtype=np.uint8)
+    position = 0
+    for part, start in zip(parts, starts, strict=True):
+        out[position:start] = 0  # alignment padding
+        out[start : start + part.size] = part
+        position = start + part.size
     return out
 
 
 def unpack_frame(frame: memoryview) -> tuple[memoryview, list[memoryview]]:
-    """The pickle stream and the buffers of a frame, as views of it."""
-    count, stream_length = _TABLE_HEAD.unpack_from(frame, 0)
-    lengths = [_LENGTH.unpack_from(frame, _TABLE_HEAD.size + i * _LENGTH.size)[0] for i in range(count)]
-    start = _TABLE_HEAD.size + _LENGTH.size * count
-    stream = frame[start : start + stream_length]
-    position = start + stream_length
-    buffers = []
-    for length in lengths:
+    """The pickle stream and the buffers of a frame, as views of it; ``ValueError`` when its table
+    does not describe exactly its bytes."""
+    size = frame.nbytes
+    count, stream_length = _TAIL.unpack_from(frame, size - _TAIL.size) if size >= _TAIL.size else (0, -1)
+    table = size - _TAIL.size - _LENGTH.size * count
+    if stream_length < 0 or table < 0:
+        raise ValueError(f"a frame of {size} bytes is too short for its table")
+    position, buffers = 0, []
+    for (length,) in _LENGTH.iter_unpack(frame[table : size - _TAIL.size]):
         position = _aligned(position)
         buffers.append(frame[position : position + length])
         position += length
-    return stream, buffers
+    if position + stream_length != table:
+        raise ValueError(f"a frame of {size} bytes whose table describes {position + stream_length + size - table}")
+    return frame[position:table], buffers
 
 
 def chunk_size(buffer_bytes: int) -> int:
@@ -131,13 +148,9 @@ class Outgoing:
     __slots__ = ("_ends", "_parts", "_staging", "_starts", "chunk", "nbytes")
 
     def __init__(self, pieces: Sequence[memoryview], chunk: int) -> None:
-        total, offsets = frame_layout(pieces)
-        arrays = [np.frombuffer(frame_table(pieces), dtype=np.uint8)]
-        arrays += [np.frombuffer(piece.cast("B") if piece.format != "B" else piece, dtype=np.uint8) for piece in pieces]
-        self._parts = arrays
-        self._starts = [0, *offsets]
-        self._ends = [start + array.size for start, array in zip(self._starts, arrays, strict=True)]
-        self.nbytes, self.chunk = total, chunk
+        self.nbytes, self._parts, self._starts = _in_frame_order(pieces)
+        self._ends = [start + array.size for start, array in zip(self._starts, self._parts, strict=True)]
+        self.chunk = chunk
         self._staging: list[np.ndarray] = []
 
     def build(self) -> np.ndarray:
@@ -162,11 +175,13 @@ class Outgoing:
                 continue
             slot = staged_count % 2
             staged_count += 1
-            if len(self._staging) <= slot:
-                self._staging.append(np.empty(min(self.chunk, self.nbytes), dtype=np.uint8))
             earlier = sending[slot]
             if earlier is not None:
                 earlier()
+            if len(self._staging) <= slot:
+                self._staging.append(np.empty(0, dtype=np.uint8))
+            if self._staging[slot].size < stop - start:  # as large as needed: the last chunk is often small
+                self._staging[slot] = np.empty(stop - start, dtype=np.uint8)
             staged = self._staging[slot][: stop - start]
             self._fill(staged, start)
             sending[slot] = yield staged

@@ -1,9 +1,12 @@
 """Tensor metadata: what a gather needs to know before the data moves.
 
 Gathers accept different shapes per rank, so receivers learn every rank's dtype and shape first,
-in one fixed-size meta per rank. A small CPU tensor travels inside its meta, so gathering it
-takes that one collective and nothing else; a larger one follows point to point (or in one
-collective when every shape is equal).
+in one fixed-size record per rank. The record also carries the tensor itself when it is on the CPU
+and fits, so gathering it takes that one collective and nothing else; a larger one follows point
+to point (or in one collective when every shape is equal). How much a record carries is the same
+on every rank, since one collective needs one size everywhere: :func:`capacity_for` derives it from
+the records of the communicator's previous gather, which every rank saw alike. A gather that
+repeats its sizes (up to ``MAX_CAPACITY``) thus takes one collective, as ``same_shape=True`` does.
 
 Layout (little endian): dtype code, number of dimensions and an inline flag (one byte each), five
 bytes of padding, the byte count (8 bytes), ``MAX_NDIM`` dimensions (8 bytes each), then the
@@ -21,14 +24,17 @@ import numpy as np
 import torch
 
 from communicator.errors import CollectiveMismatchError
-from communicator.ops.staging import editing
+from communicator.ops.staging import editing, empty
 from communicator.reductions import WIRE_DTYPES
 
 __all__ = [
     "GATHER_META_BYTES",
+    "INLINE_BYTES",
+    "MAX_CAPACITY",
     "META_BYTES",
     "Meta",
     "addressed_to",
+    "capacity_for",
     "check_compatible",
     "outputs",
     "pack_meta",
@@ -42,6 +48,11 @@ _DIMS = struct.Struct(f"<{MAX_NDIM}q")
 META_BYTES = _HEAD.size + _DIMS.size
 #: A gather meta: up to ``GATHER_META_BYTES - META_BYTES`` bytes of data travel inline.
 GATHER_META_BYTES = 1024
+#: What a gather record carries at least, and at most: beyond, copying the tensor in and out of
+#: the record costs more than the collective it saves, and a record sent for nothing (the
+#: tensors outgrew it) costs too much.
+INLINE_BYTES = GATHER_META_BYTES - META_BYTES
+MAX_CAPACITY = 256 * 1024
 _UNKNOWN = 255
 _CODES = {dtype: code for code, dtype in enumerate(WIRE_DTYPES)}
 
@@ -78,12 +89,15 @@ def pack_meta(tensor: torch.Tensor, size: int = GATHER_META_BYTES) -> np.ndarray
     nbytes = tensor.numel() * tensor.element_size()
     code = _CODES.get(tensor.dtype, _UNKNOWN)
     inline = tensor.device.type == "cpu" and code != _UNKNOWN and nbytes <= size - META_BYTES
-    meta = np.zeros(size, dtype=np.uint8)
+    meta = np.empty(size, dtype=np.uint8)
     _HEAD.pack_into(meta.data, 0, code, tensor.dim(), inline, nbytes)
     _DIMS.pack_into(meta.data, _HEAD.size, *tensor.shape, *([0] * (MAX_NDIM - tensor.dim())))
+    end = META_BYTES
     if inline and nbytes:
         flat = tensor.detach().resolve_conj().resolve_neg().reshape(-1).view(torch.uint8)
-        meta[META_BYTES : META_BYTES + nbytes] = flat.numpy()
+        meta[end : end + nbytes] = flat.numpy()
+        end += nbytes
+    meta[end:] = 0  # none of this process's memory goes out but the tensor
     return meta
 
 
@@ -106,6 +120,16 @@ def check_compatible(metas: Sequence[Meta], what: str) -> None:
         raise TypeError(f"{what}: unsupported tensor dtype (supported: {', '.join(map(str, WIRE_DTYPES))})")
 
 
+def capacity_for(metas: Sequence[Meta]) -> int:
+    """The bytes the next gather's records carry, from this gather's (checked) records: its
+    largest tensor's, rounded up to a power of two (sizes that vary a little still fit), or the
+    least when that is over ``MAX_CAPACITY``."""
+    largest = max(meta.nbytes for meta in metas)
+    if largest > MAX_CAPACITY:
+        return INLINE_BYTES
+    return max(INLINE_BYTES, 1 << max(largest - 1, 0).bit_length())
+
+
 def same_shape(metas: Sequence[Meta], what: str) -> None:
     """Every rank raises the same error when ranks that promised one shape passed different ones."""
     if any(m.shape != metas[0].shape for m in metas):
@@ -119,11 +143,11 @@ def outputs(metas: Sequence[Meta], source: torch.Tensor | None, rank: int, devic
     for r, meta in enumerate(metas):
         if r == rank and source is not None:
             with editing(source):
-                made.append(source.clone())
+                made.append(empty(source.shape, source.dtype, source.device).copy_(source))
         elif meta.data is not None:
             made.append(meta.tensor(device))
         else:
-            made.append(torch.empty(meta.shape, dtype=meta.dtype, device=device))
+            made.append(empty(meta.shape, meta.dtype, device))
     return made
 
 

@@ -1,10 +1,14 @@
 """The staging that lets a backend work on any tensor (another device, a non-contiguous view, a
-parameter, an inference tensor), and the write-back of the result into the user's tensor."""
+parameter, an inference tensor), the write-back of the result into the user's tensor, and the
+memory that received tensors arrive in."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import ctypes
+import mmap
+import sys
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
@@ -13,9 +17,27 @@ import torch
 from communicator.control.waiting import PointToPoint, Together
 from communicator.handles import Work
 
-__all__ = ["editing", "homed", "stage", "while_editing", "write_back"]
+__all__ = ["editing", "empty", "homed", "stage", "while_editing", "write_back"]
 
 T = TypeVar("T")
+
+#: From this size up, new tensors to receive into are faulted in first (see ``empty``).
+FAULT_IN_BYTES = 4 * 1024 * 1024
+
+
+def _madvise() -> Callable[[int, int, int], int] | None:
+    """libc's ``madvise`` where the kernel has transparent huge pages (Linux), else ``None``."""
+    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return None
+    try:
+        advise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    advise.argtypes, advise.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return advise
+
+
+_advise = _madvise()
 
 
 def stage(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -32,6 +54,22 @@ def stage(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
         return torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
     with editing(tensor):
         return tensor.contiguous()
+
+
+def empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A new tensor to receive into. A large CPU one is advised to use huge pages and touched page
+    by page here, before a transfer writes into it: left to fault in during the transfer (in
+    4 KiB pages, as a fresh ``torch.empty``, or in huge pages untouched), an all_gather of 64 MiB
+    tensors at 2 ranks on 2 cores took about twice as long, the second erratically."""
+    tensor = torch.empty(shape, dtype=dtype, device=device)
+    nbytes = tensor.numel() * tensor.element_size()
+    if tensor.is_cpu and nbytes >= FAULT_IN_BYTES:
+        memory = tensor.view(-1).view(torch.uint8).numpy()
+        if _advise is not None:  # advice only: a kernel without huge pages ignores it
+            start = -(-tensor.data_ptr() // mmap.PAGESIZE) * mmap.PAGESIZE  # the whole pages inside it
+            _advise(start, (tensor.data_ptr() + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE - start, mmap.MADV_HUGEPAGE)
+        memory[:: mmap.PAGESIZE] = 0
+    return tensor
 
 
 def editing(*tensors: torch.Tensor) -> contextlib.AbstractContextManager[Any]:

@@ -27,7 +27,7 @@ from communicator.crosscheck import check_arguments, key
 from communicator.guard import CallState, collective
 from communicator.handles import Handle, Work, timeout_seconds
 from communicator.objects.protocol import Port
-from communicator.ops.staging import editing, homed, write_back
+from communicator.ops.staging import editing, empty, homed, write_back
 from communicator.reductions import ReduceOpLike, check_op_dtype, divide_exactly, is_floating, parse_op
 
 __all__ = ["TensorHost", "TensorOperations"]
@@ -41,6 +41,7 @@ class TensorHost(Protocol):
 
     config: CommConfig
     _calls: CallState
+    _capacity: int
 
     @property
     def rank(self) -> int: ...
@@ -77,7 +78,7 @@ class TensorHost(Protocol):
     def _reduction(
         self, tensor: Tensor, op: ReduceOpLike, dst: int | None, async_op: bool
     ) -> Tensor | Handle[Tensor]: ...
-    def _metas(self, meta: np.ndarray) -> list[shapes.Meta]: ...
+    def _metas(self, source: Tensor) -> list[shapes.Meta]: ...
     def _transfers(self, sends: Mapping[int, Tensor], recvs: Mapping[int, Tensor]) -> list[Work]: ...
     def isend(self, tensor: Tensor, dst: int, tag: int = 0) -> Handle[None]: ...
     def irecv(self, tensor: Tensor, src: int, tag: int = 0) -> Handle[Tensor]: ...
@@ -85,6 +86,9 @@ class TensorHost(Protocol):
 
 class TensorOperations:
     """The operations that move tensors without pickling."""
+
+    #: What the records of this communicator's next uneven gather carry (see ``_metas``).
+    _capacity: int = shapes.INLINE_BYTES
 
     @collective()
     def barrier(self: TensorHost, timeout: Timeout | None = None) -> None:
@@ -324,10 +328,13 @@ class TensorOperations:
     ) -> list[Tensor] | Handle[list[Tensor]]:
         """Every rank's tensor, in rank order; shapes may differ (same ndim and dtype).
 
-        Small CPU tensors travel inside the one meta every rank sends first; larger ones follow
-        in one more collective (equal shapes) or point to point. ``same_shape=True`` says that
-        every rank passes the same shape: one collective, as ``torch.distributed.all_gather``,
-        without the metas (debug mode checks the promise; a broken one fails in the backend).
+        Every rank first sends a record of its tensor's shape, in one collective; a CPU tensor
+        travels inside it when it fits: up to 752 bytes, or the previous gather's largest
+        tensor rounded up to a power of two (256 KiB at most), so a gather that repeats its
+        sizes is that one collective. Other tensors follow in one more collective (equal
+        shapes) or point to point. ``same_shape=True`` says that every rank passes the same
+        shape: one collective, as ``torch.distributed.all_gather``, without the records (debug
+        mode checks the promise; a broken one fails in the backend).
 
         Example:
             ```python
@@ -341,14 +348,14 @@ class TensorOperations:
         source = self._stage(check_tensor("tensor", tensor))
         if same_shape and not self.config.debug:
             check_arguments(self, key("all_gather", source, True), ("same_shape",))
-            outputs = [torch.empty_like(source) for _ in range(self.world_size)]
+            outputs = [empty(source.shape, source.dtype, source.device) for _ in range(self.world_size)]
             outputs[self.rank].copy_(source)
             self._calls.count(source.nbytes, source.nbytes * (self.world_size - 1), source.nbytes * self.world_size)
             works = [self._start(self._all_gather, outputs, source)] if self.world_size > 1 else []
-            return self._complete(works, homed(lambda: outputs, tensor, self.device), async_op)
+            return _finished(self, works, homed(lambda: outputs, tensor, self.device), async_op)
         arguments = ("all_gather", source.dtype, source.dim(), bool(same_shape))
         check_arguments(self, arguments, ("dtype", "ndim", "same_shape"))
-        metas = self._metas(shapes.pack_meta(source))
+        metas = self._metas(source)
         if same_shape:
             shapes.same_shape(metas, "all_gather")
         outputs = shapes.outputs(metas, source, self.rank, self.device)
@@ -361,7 +368,7 @@ class TensorOperations:
         else:  # what did not travel inline goes point to point, whoever else did or did not
             others = [r for r in range(self.world_size) if r != self.rank]
             works = self._transfers({} if mine_inline else dict.fromkeys(others, source), waiting)
-        return self._complete(works, homed(lambda: outputs, tensor, self.device), async_op)
+        return _finished(self, works, homed(lambda: outputs, tensor, self.device), async_op)
 
     @overload
     def gather(
@@ -395,16 +402,16 @@ class TensorOperations:
         source = self._stage(check_tensor("tensor", tensor))
         dst = check_rank("dst", dst, self.world_size)
         check_arguments(self, ("gather", source.dtype, source.dim(), dst), ("dtype", "ndim", "dst"))
-        metas = self._metas(shapes.pack_meta(source))
+        metas = self._metas(source)
         total, mine = sum(m.nbytes for m in metas), source.nbytes
         if self.rank != dst:
             self._calls.count(mine, 0, total)
             works = self._transfers({dst: source} if metas[self.rank].data is None else {}, {})
-            return self._complete(works, lambda: None, async_op)
+            return _finished(self, works, lambda: None, async_op)
         self._calls.count(0, total - mine, total)
         outputs = shapes.outputs(metas, source, dst, self.device)
         waiting = {r: outputs[r] for r, m in enumerate(metas) if m.data is None and r != dst}
-        return self._complete(self._transfers({}, waiting), homed(lambda: outputs, tensor, self.device), async_op)
+        return _finished(self, self._transfers({}, waiting), homed(lambda: outputs, tensor, self.device), async_op)
 
     @overload
     def scatter(
@@ -459,11 +466,11 @@ class TensorOperations:
             own = shapes.outputs([meta], sources[src], 0, self.device)[0]
             assert metas is not None
             sends = {r: t for r, t in enumerate(sources) if r != src and shapes.read(metas[r]).data is None}
-            return self._complete(self._transfers(sends, {}), homed(lambda: own, given[src], self.device), async_op)
+            return _finished(self, self._transfers(sends, {}), homed(lambda: own, given[src], self.device), async_op)
         received = shapes.outputs([meta], None, -1, self.device)[0]
         self._calls.count(0, meta.nbytes, meta.nbytes * self.world_size)  # the others' parts are unknown here
         works = self._transfers({}, {src: received}) if meta.data is None else []
-        return self._complete(works, lambda: received, async_op)
+        return _finished(self, works, lambda: received, async_op)
 
     @overload
     def reduce_scatter(
@@ -568,7 +575,7 @@ class TensorOperations:
         sent = sum(inputs[r].nbytes for r in others)
         self._calls.count(sent, sum(outputs[r].nbytes for r in others), sent + inputs[self.rank].nbytes)
         works = self._transfers({r: inputs[r] for r in others}, {r: outputs[r] for r in others})
-        return self._complete(works, homed(lambda: outputs, given[self.rank], self.device), async_op)
+        return _finished(self, works, homed(lambda: outputs, given[self.rank], self.device), async_op)
 
     # -- point to point ------------------------------------------------------------------------
 
@@ -612,10 +619,19 @@ class TensorOperations:
         """Receive into ``tensor`` from rank ``src`` (blocking) and return it."""
         return self.irecv(tensor, src, tag).wait()
 
-    def _metas(self: TensorHost, meta: np.ndarray) -> list[shapes.Meta]:
-        """Every rank's metadata (see :mod:`communicator.ops.shapes`), in rank order."""
-        metas = [shapes.read(row) for row in self._objects().channel.all_gather(meta)]
+    def _metas(self: TensorHost, source: Tensor) -> list[shapes.Meta]:
+        """Every rank's record of its tensor (see :mod:`communicator.ops.shapes`), in rank order,
+        in one collective; on the CPU, each carries its tensor when it fits ``_capacity``."""
+        if self.device.type != "cpu":  # the records travel on the CPU, as object headers do
+            metas = [shapes.read(row) for row in self._objects().channel.all_gather(shapes.pack_meta(source))]
+        else:
+            mine = shapes.pack_meta(source, shapes.META_BYTES + self._capacity)
+            rows = [torch.empty(mine.size, dtype=torch.uint8) for _ in range(self.world_size)]
+            if self.world_size > 1:
+                self._await([self._start(self._all_gather, rows, torch.from_numpy(mine))])
+            metas = [shapes.read(mine if r == self.rank else row.numpy()) for r, row in enumerate(rows)]
         shapes.check_compatible(metas, self._calls.op)
+        self._capacity = shapes.capacity_for(metas)  # alike on every rank: each saw every record
         return metas
 
     def _transfers(
@@ -624,6 +640,12 @@ class TensorOperations:
         """Point-to-point transfers of the library's own (receives first, on the library's tag)."""
         works = [self._start(self._irecv, t, r, TRANSFER_TAG) for r, t in recvs.items()]
         return works + [self._start(self._isend, t, r, TRANSFER_TAG) for r, t in sends.items()]
+
+
+def _finished(host: TensorHost, works: Sequence[Work], finish: Callable[[], T], async_op: bool) -> T | Handle[T]:
+    """``_complete``; a blocking call with nothing left to wait for finishes at once (a wait, even
+    on nothing, sets up the control plane's watch)."""
+    return host._complete(works, finish, async_op) if works or async_op else finish()
 
 
 def _over_p2p(name: str, dtype: torch.dtype) -> bool:

@@ -272,3 +272,29 @@ def test_outgoing_sends_chunks_inside_an_array_from_its_memory() -> None:
     frame = Outgoing(PickleCodec().encode(array), 1 << 16)
     in_place = [piece for piece in frame.chunks() if np.shares_memory(piece, array)]
     assert len(in_place) >= (4 << 20) // (1 << 16) - 2  # all but the chunks at its two ends
+
+
+@pytest.mark.parametrize("value", [torch.arange(1 << 20, dtype=torch.float32), np.ones((512, 2048))], ids=type)
+def test_an_object_that_is_one_tensor_is_sent_from_its_memory(value: object) -> None:
+    """The buffers lead the frame: every chunk but the last (the pickle stream and the table) lies in
+    the tensor or array, so nothing of it is copied to be sent."""
+    from communicator.objects.frames import Outgoing
+
+    frame = Outgoing(PickleCodec().encode(value), 1 << 16)
+    chunks = list(frame.chunks())  # one staged chunk: its buffer is not reused
+    memory = np.asarray(value)
+    assert len(chunks) == frame.nbytes // (1 << 16) + 1
+    assert all(np.shares_memory(piece, memory) for piece in chunks[:-1])
+    assert not np.shares_memory(chunks[-1], memory) and chunks[-1].size < 1024
+    assert same(PickleCodec().decode(*unpack_frame(np.concatenate(chunks).data)), value)
+
+
+def test_a_frame_whose_table_does_not_describe_it_is_refused() -> None:
+    frame = pack_frame(PickleCodec().encode({"a": np.arange(10_000.0), "b": "x"}))
+    for hostile in (frame[:-1], frame[:5], np.concatenate([frame, np.zeros(64, np.uint8)]), frame[64:]):
+        with pytest.raises(ValueError, match="frame of"):
+            unpack_frame(hostile.data)
+    lying = frame.copy()
+    lying[-12:-8] = np.frombuffer((1 << 30).to_bytes(4, "little"), np.uint8)  # a billion buffers
+    with pytest.raises(ValueError, match="too short for its table"):
+        unpack_frame(lying.data)

@@ -129,6 +129,77 @@ def test_all_gather_and_gather_accept_uneven_shapes(run) -> None:
     assert all(run(gathers))
 
 
+def gathers_of_changing_sizes(comm: Communicator) -> bool:
+    """Records carry as much as the previous gather's largest tensor: sizes that repeat, grow past
+    the records, shrink, pass ``MAX_CAPACITY``, and differ between ranks all arrive whole."""
+    rank, world = comm.rank, comm.world_size
+    for elements in (3, 20_000, 20_000, 30_000, 5, 5, 100_000, 100_000, 70_000, 1):  # int32: 4 bytes each
+        for sizes in (
+            [elements] * world,
+            [elements * (r + 1) for r in range(world)],
+            [elements - 1 + r for r in range(world)],
+        ):
+            got = comm.all_gather(torch.arange(sizes[rank], dtype=torch.int32) + rank)
+            assert [t.tolist() for t in got] == [list(range(r, sizes[r] + r)) for r in range(world)]
+            for dst in {0, world - 1}:
+                got = comm.gather(torch.full((sizes[rank], 2), rank, dtype=torch.float64), dst=dst)
+                assert got is None if rank != dst else [t.shape[0] for t in got] == sizes
+                assert got is None or all(bool((t == r).all()) for r, t in enumerate(got))
+    return True
+
+
+def test_gathers_of_changing_sizes(run) -> None:
+    assert all(run(gathers_of_changing_sizes))
+
+
+def large_gathers(comm: Communicator) -> bool:
+    """Tensors of 4 MiB and more arrive in memory faulted in before the transfer (see ``staging.empty``)."""
+    rank, world = comm.rank, comm.world_size
+    mine = torch.arange(1_300_000, dtype=torch.float32) * (rank + 1)  # 5.2 MiB
+    for got in (comm.all_gather(mine), comm.all_gather(mine, same_shape=True), comm.gather(mine, dst=world - 1)):
+        if got is not None:
+            assert all(
+                torch.equal(t, torch.arange(1_300_000, dtype=torch.float32) * (r + 1)) for r, t in enumerate(got)
+            )
+    with torch.inference_mode():
+        inferred = comm.all_gather(torch.full((2, 700_000), rank, dtype=torch.complex64), same_shape=True)
+    assert all(t.is_inference() and bool((t == r).all()) for r, t in enumerate(inferred))
+    return True
+
+
+def test_large_gathers(run) -> None:
+    assert all(run(large_gathers))
+
+
+def repeated_gather_starts(comm: Communicator) -> list[tuple[int, int]]:
+    """How many collectives and transfers each of three equal all_gathers of 64 KiB starts."""
+    started: list[str] = []
+    gather, transfers = comm._all_gather, comm._transfers
+
+    def counted_gather(outputs: list[torch.Tensor], tensor: torch.Tensor) -> object:
+        started.append("collective")
+        return gather(outputs, tensor)
+
+    def counted_transfers(sends: dict[int, torch.Tensor], recvs: dict[int, torch.Tensor]) -> object:
+        started.extend(["transfer"] * (len(sends) + len(recvs)))
+        return transfers(sends, recvs)
+
+    comm._all_gather, comm._transfers = counted_gather, counted_transfers  # type: ignore[method-assign,assignment]
+    counts = []
+    for _ in range(3):
+        got = comm.all_gather(torch.full((16_384,), comm.rank, dtype=torch.float32))
+        assert all(bool((t == r).all()) for r, t in enumerate(got))
+        counts.append((started.count("collective"), started.count("transfer")))
+        started.clear()
+    return counts
+
+
+@pytest.mark.world_size(2, 3)
+def test_an_all_gather_that_repeats_its_sizes_is_one_collective(run, world_size: int) -> None:
+    # the first call learns the sizes (records, then the data); the next ones carry the data in the records
+    assert run(repeated_gather_starts) == [[(2, 0), (1, 0), (1, 0)]] * world_size
+
+
 def gathers_of_one_shape(comm: Communicator) -> bool:
     rank, world = comm.rank, comm.world_size
     for dtype in (torch.float32, torch.int16, torch.complex64, torch.bool):
