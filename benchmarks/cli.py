@@ -10,7 +10,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
-from benchmarks import control_plane, ddp, recovery
+from benchmarks import control_plane, ddp, recovery, verify
 from benchmarks.cases import CASE_NAMES
 from benchmarks.measured import CaseRun, all_correct
 from benchmarks.overhead import CALLS, format_overhead, run_overhead
@@ -133,6 +133,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="print rank 0's statistics of this library's calls in the cases (comm.stats(); not the overhead case)",
     )
+    parser.add_argument(
+        "--verify-docs",
+        nargs="?",
+        const=str(verify.CLAIMS),
+        metavar="CLAIMS",
+        help="rerun the commands of the performance page's claims (default docs/performance-claims.json) and say"
+        " whether each reproduces (the rerun's interval overlaps the claimed one); exit 1 if one does not",
+    )
 
 
 def _print_report(runs: Sequence[CaseRun], quick: bool) -> None:
@@ -217,7 +225,16 @@ def _first_failure(error: CommError) -> str:
     return str(error)
 
 
+def rerun(argv: list[str]) -> int:
+    """The bench with other arguments, as from the command line: what ``--verify-docs`` reruns."""
+    parser = argparse.ArgumentParser(prog="communicator bench")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.verify_docs:
+        return verify.verify_docs(args.verify_docs, rerun)
     sizes = list(dict.fromkeys(args.world_size))
     repeat = args.repeat or (QUICK_REPEAT if args.quick else DEFAULT_REPEAT)
     cases = tuple(name for name in CASE_NAMES if name in args.cases)
