@@ -577,9 +577,7 @@ class Communicator(
 
 
 #: What every operation runs through, written once here: a subclass cannot define these names.
-MACHINERY = frozenset(
-    name for name, member in vars(Communicator).items() if getattr(member, "__final__", False)
-)
+MACHINERY = frozenset(name for name, member in vars(Communicator).items() if getattr(member, "__final__", False))
 
 
 def _closed_error(what: str) -> CommError:

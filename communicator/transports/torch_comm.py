@@ -459,6 +459,3 @@ class SubgroupComm(TorchComm):
         """The communicator this subgroup was created from."""
         assert self._scope.parent is not None
         return self._scope.parent
-
-
-
