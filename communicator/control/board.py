@@ -461,6 +461,12 @@ class FailureBoard:
         key = f"status/{world_rank}"
         guarded_store(lambda: self._store.set(key, self.log.seal.seal(key, status)))
 
+    def publish_host(self, statuses: dict[int, str]) -> None:
+        """Write the statuses of a host's processes (world rank -> status), signed: one request."""
+        keys = [f"status/{rank}" for rank in statuses]
+        values = [self.log.seal.seal(key, status) for key, status in zip(keys, statuses.values(), strict=True)]
+        guarded_store(lambda: self._store.multi_set(keys, values))
+
 
 def _failure(text: object) -> RemoteFailure:
     """A failure as a record carries it (``ValueError`` and the like when it is not one)."""

@@ -16,6 +16,7 @@ from communicator.control.barrier import barrier_poll
 from communicator.control.board import FailureBoard
 from communicator.control.liveness import Hosts
 from communicator.control.log import RANK_ZERO, EventLog, Store, StoreHandle, guarded_store
+from communicator.control.neighbours import Neighbours
 from communicator.control.polls import Pacer, Poll, drive
 from communicator.control.records import Seal
 from communicator.control.relay import Relay
@@ -60,7 +61,18 @@ class World:
         self.log = EventLog(self.store, self.relay, clock, self.seal)
         self.hosts.announce(world_rank, listen=threads)
         self.root = FailureBoard(self.log, self.hosts, self.store, "", range(world_size), local_size)
-        self.watcher = Watcher(self.root, self.hosts, world_rank, world_size, config.stall_seconds, threads, clock)
+        self.neighbours = Neighbours(self.relay, clock) if self.relay is not None else None
+        self.watcher = Watcher(
+            self.root,
+            self.hosts,
+            world_rank,
+            world_size,
+            config.stall_seconds,
+            threads,
+            clock,
+            self.neighbours,
+            local_size,
+        )
         self.users = 0  # open communicators of this world
         self.clock = clock  # wall time, which every process shares (the judges' terms follow it)
 
@@ -76,6 +88,8 @@ class World:
     def stop(self) -> None:
         self.watcher.stop()
         self.hosts.close()
+        if self.neighbours is not None:
+            self.neighbours.forget(self.world_rank)
         if self.relay is not None:
             self.relay.close()
 
