@@ -176,7 +176,7 @@ class Control:
         assert self.refused is not None
         (seq, refusal), calls, every = self.refused, self._calls, self.world.log.look_seconds
         started = looked = now
-        pause = Pacer(self.world.store, now=now)
+        pause = Pacer(self.world.store, cap=every, now=now)  # a relay is read for free: more often
         try:
             while True:
                 look = now - looked >= every
