@@ -154,9 +154,10 @@ class FailureBoard:
         count = self._count(f"refused{seq}" if collective else f"inputs{seq}")
         if count <= NAMED_RECORDS:
             self._post("input", failure.rank, seq=seq, collective=collective, failure=failure.to_json().decode())
-        if collective and count == len(self.members):  # the last: settling ranks that read a relay learn it so
+        if collective and count >= len(self.members):  # refused again at the same number: still every member's
             self._refused_by_all.add(seq)
-            self._post("refused", failure.rank, seq=seq)
+            if count == len(self.members):  # the last: settling ranks that read a relay learn it so
+                self._post("refused", failure.rank, seq=seq)
 
     def _leave(self, rank: int) -> None:
         """Count (once) that ``rank`` left an operation unfinished because of a refusal: the ranks
@@ -383,15 +384,15 @@ class FailureBoard:
                 dead[peer] = pid
         return dead
 
-    def refused_by_all(self, rank: int, refused: int, what: str, look: bool) -> bool:
+    def refused_by_all(self, rank: int, refused: int, what: str, look: bool, relayed: bool = False) -> bool:
         """Whether every member refused its arguments to collective ``refused``, as this rank did
         (the group is intact); raise when a member left an operation because of a refusal (it had
         started one without the refusing ranks), or (``look``: read the log too) failed, closed or
         is gone: the group can no longer be trusted. Two requests the first time (counters, whatever
         the size), then one (the two and the log's count: this rank's refusal was posted), and the
-        log's read only when its count moved. Where a relay serves, the log alone, through it: the
-        last rank to refuse and the first to leave say so there."""
-        names, events, relayed = [f"{self.name}refused{refused}", f"{self.name}left"], None, self.log.relay is not None
+        log's read only when its count moved. ``relayed``: the log alone, through the host's relay
+        (the last rank to refuse and the first to leave say so there)."""
+        names, events = [f"{self.name}refused{refused}", f"{self.name}left"], None
         if relayed:
             self.refresh()
             count, left = len(self.members) if refused in self._refused_by_all else 0, int(self._someone_left)

@@ -17,7 +17,7 @@ from communicator.control.board import FailureBoard
 from communicator.control.liveness import Hosts
 from communicator.control.log import RANK_ZERO, EventLog, Store, StoreHandle, guarded_store
 from communicator.control.neighbours import Neighbours
-from communicator.control.polls import Pacer, Poll, drive
+from communicator.control.polls import DIRECT_SECONDS, Pacer, Poll, drive
 from communicator.control.records import Seal
 from communicator.control.relay import Relay
 from communicator.control.stalls import Watch, Watcher
@@ -181,7 +181,8 @@ class Control:
             while True:
                 look = now - looked >= every
                 looked = now if look else looked
-                if self.board.refused_by_all(self.rank, seq, calls.op, look):
+                relayed = self.world.relay is not None and now - started >= DIRECT_SECONDS  # past its first looks
+                if self.board.refused_by_all(self.rank, seq, calls.op, look, relayed):
                     return
                 if now - started > self.limit:
                     raise CommTimeoutError(
