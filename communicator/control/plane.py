@@ -176,7 +176,7 @@ class Control:
         assert self.refused is not None
         (seq, refusal), calls, every = self.refused, self._calls, self.world.log.look_seconds
         started = looked = now
-        pause = Pacer(self.world.store, cap=every, now=now)  # a relay is read for free: more often
+        pause = Pacer(self.world.store, now=now)
         try:
             while True:
                 look = now - looked >= every
@@ -189,7 +189,7 @@ class Control:
                         f"{calls.op} on rank {self.rank}: after {self.limit:g} s, not every rank has refused "
                         f"operation #{seq} (as this rank did) or left it"
                     )
-                now = yield pause(now)
+                now = yield every if relayed else pause(now)  # the relay's reads are the host's, paced there
         except CommError as error:
             if self.broken is None:  # unusable now; a rank released later names the refusal as the cause
                 self.broken = error

@@ -30,7 +30,7 @@ FIRST_PAUSE = 0.005
 #: How much longer each pause is than the one before, up to the loop's cap.
 GROWTH = 4.0
 #: How long a poll reads the store itself (its first, prompt looks) before a host's relay serves it.
-DIRECT_SECONDS = 0.5
+DIRECT_SECONDS = 1.5
 
 
 def backoff(first: float, cap: float) -> Callable[[], float]:

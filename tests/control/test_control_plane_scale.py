@@ -66,12 +66,13 @@ def test_a_wait_makes_a_few_requests_at_its_start_then_about_one_a_second(per_ho
     # lasts and at its start. A rank alone on its host: a look a second, a stall judge's election
     # each 5 s term, its heartbeat each 5 s. Where a relay serves, all of it is the host's: two
     # looks a second, one candidate an election, one heartbeat for its processes (2.4 a second a
-    # host), and the one judge's read of the statuses, once a second in the job.
+    # host), and the one judge's read of the statuses, once a second in the job. At its start, a
+    # barrier or a settling rank reads its counters itself (five looks in 1.5 s) before the relay.
     short, long = (_waits(per_host, seconds) for seconds in (10.0, 30.0))
     for scenario in WAITS:
         per_second = (long[scenario].per_rank - short[scenario].per_rank) / 20
         at_start = short[scenario].per_rank - 10 * per_second
-        assert per_second <= most and at_start <= 10, (scenario, per_second, at_start)
+        assert per_second <= most and at_start <= 15, (scenario, per_second, at_start)
 
 
 def _waits(per_host: int, seconds: float) -> dict[str, Result]:
