@@ -137,8 +137,11 @@ def same_shape(metas: Sequence[Meta], what: str) -> None:
         raise CollectiveMismatchError(sides, f"{what}: same_shape=True, but the ranks passed different shapes")
 
 
-def outputs(metas: Sequence[Meta], source: torch.Tensor | None, rank: int, device: torch.device) -> list[torch.Tensor]:
-    """A tensor for each meta: inline ones filled, ``rank``'s a copy of ``source``, the others empty."""
+def outputs(
+    metas: Sequence[Meta], source: torch.Tensor | None, rank: int, device: torch.device, fault_in: bool
+) -> list[torch.Tensor]:
+    """A tensor for each meta: inline ones filled, ``rank``'s a copy of ``source``, the others empty
+    (faulted in first with ``fault_in``: see :func:`~communicator.ops.staging.empty`)."""
     made = []
     for r, meta in enumerate(metas):
         if r == rank and source is not None:
@@ -147,7 +150,7 @@ def outputs(metas: Sequence[Meta], source: torch.Tensor | None, rank: int, devic
         elif meta.data is not None:
             made.append(meta.tensor(device))
         else:
-            made.append(empty(meta.shape, meta.dtype, device))
+            made.append(empty(meta.shape, meta.dtype, device, fault_in))
     return made
 
 

@@ -348,7 +348,7 @@ class TensorOperations:
         source = self._stage(check_tensor("tensor", tensor))
         if same_shape and not self.config.debug:
             check_arguments(self, key("all_gather", source, True), ("same_shape",))
-            outputs = [empty(source.shape, source.dtype, source.device) for _ in range(self.world_size)]
+            outputs = [empty(source.shape, source.dtype, source.device, fault_in=True) for _ in range(self.world_size)]
             outputs[self.rank].copy_(source)
             self._calls.count(source.nbytes, source.nbytes * (self.world_size - 1), source.nbytes * self.world_size)
             works = [self._start(self._all_gather, outputs, source)] if self.world_size > 1 else []
@@ -358,7 +358,7 @@ class TensorOperations:
         metas = self._metas(source)
         if same_shape:
             shapes.same_shape(metas, "all_gather")
-        outputs = shapes.outputs(metas, source, self.rank, self.device)
+        outputs = shapes.outputs(metas, source, self.rank, self.device, fault_in=True)  # it sends as it receives
         waiting = {r: outputs[r] for r, m in enumerate(metas) if m.data is None and r != self.rank}
         mine_inline = metas[self.rank].data is not None
         total = sum(m.nbytes for m in metas)
@@ -409,7 +409,7 @@ class TensorOperations:
             works = self._transfers({dst: source} if metas[self.rank].data is None else {}, {})
             return _finished(self, works, lambda: None, async_op)
         self._calls.count(0, total - mine, total)
-        outputs = shapes.outputs(metas, source, dst, self.device)
+        outputs = shapes.outputs(metas, source, dst, self.device, fault_in=False)  # it only receives
         waiting = {r: outputs[r] for r, m in enumerate(metas) if m.data is None and r != dst}
         return _finished(self, self._transfers({}, waiting), homed(lambda: outputs, tensor, self.device), async_op)
 
@@ -463,11 +463,11 @@ class TensorOperations:
         if self.rank == src:
             total = sum(t.nbytes for t in sources)
             self._calls.count(total - sources[src].nbytes, 0, total)
-            own = shapes.outputs([meta], sources[src], 0, self.device)[0]
+            own = shapes.outputs([meta], sources[src], 0, self.device, fault_in=False)[0]
             assert metas is not None
             sends = {r: t for r, t in enumerate(sources) if r != src and shapes.read(metas[r]).data is None}
             return _finished(self, self._transfers(sends, {}), homed(lambda: own, given[src], self.device), async_op)
-        received = shapes.outputs([meta], None, -1, self.device)[0]
+        received = shapes.outputs([meta], None, -1, self.device, fault_in=False)[0]
         self._calls.count(0, meta.nbytes, meta.nbytes * self.world_size)  # the others' parts are unknown here
         works = self._transfers({}, {src: received}) if meta.data is None else []
         return _finished(self, works, lambda: received, async_op)
@@ -570,7 +570,7 @@ class TensorOperations:
         inputs = [self._stage(t) for t in given]
         meta = np.concatenate([shapes.pack_meta(t, shapes.META_BYTES) for t in inputs])
         incoming = shapes.addressed_to(self._objects().channel.all_gather(meta), self.rank, "all_to_all")
-        outputs = shapes.outputs(incoming, inputs[self.rank], self.rank, self.device)
+        outputs = shapes.outputs(incoming, inputs[self.rank], self.rank, self.device, fault_in=True)
         others = [r for r in range(self.world_size) if r != self.rank]
         sent = sum(inputs[r].nbytes for r in others)
         self._calls.count(sent, sum(outputs[r].nbytes for r in others), sent + inputs[self.rank].nbytes)
