@@ -139,7 +139,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         const=str(verify.CLAIMS),
         metavar="CLAIMS",
         help="rerun the commands of the performance page's claims (default docs/performance-claims.json) and say"
-        " whether each reproduces (the rerun's interval overlaps the claimed one); exit 1 if one does not",
+        " whether each reproduces (the rerun's interval overlaps the claimed one); exit 1 if one does not;"
+        " --timeout applies to the reruns",
     )
 
 
@@ -234,7 +235,7 @@ def rerun(argv: list[str]) -> int:
 
 def run(args: argparse.Namespace) -> int:
     if args.verify_docs:
-        return verify.verify_docs(args.verify_docs, rerun)
+        return verify.verify_docs(args.verify_docs, rerun, args.timeout)
     sizes = list(dict.fromkeys(args.world_size))
     repeat = args.repeat or (QUICK_REPEAT if args.quick else DEFAULT_REPEAT)
     cases = tuple(name for name in CASE_NAMES if name in args.cases)

@@ -250,14 +250,16 @@ def _name(claim: Claim) -> str:
     return f"{claim.case} {claim.op} {claim.peer}/ours, world {claim.world_size}"
 
 
-def verify_docs(path: Path | str, bench: BenchRunner) -> int:
+def verify_docs(path: Path | str, bench: BenchRunner, timeout: float | None = None) -> int:
     """Rerun every command of the claims in ``path`` and print, per claim, whether it reproduces:
-    0 when every claim does, else 1."""
+    0 when every claim does, else 1. ``timeout``: the reruns' ``--timeout`` (a timeout changes no
+    figure, and a loaded machine may need more than the command's)."""
     claims = load_claims(path)
     failed = 0
     for command in dict.fromkeys(claim.command for claim in claims):
         print(f"rerunning: {command}", file=sys.stderr, flush=True)
-        code, record, load = _run_bench(bench, _argv(command))
+        more = [] if timeout is None else ["--timeout", f"{timeout:g}"]
+        code, record, load = _run_bench(bench, _argv(command) + more)
         now = {"cores": record.get("environment", {}).get("cpus", os.cpu_count()), "load": load.range}
         ours = [claim for claim in claims if claim.command == command]
         print(f"\n{command}\n  claimed on {_load_text(ours[0].machine)}; rerun on {_load_text(now)}")
