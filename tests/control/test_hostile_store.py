@@ -322,7 +322,7 @@ def close_the_connection(comm: Communicator) -> tuple[str, str]:
 def test_a_lost_connection_is_said_in_the_librarys_words_with_the_transports_as_the_cause() -> None:
     (message, cause), _ = run_ranks(close_the_connection, 2, cfg=CFG, timeout=60)
     assert "a peer was lost" in message and "pair.cc" not in message and "GLHF" not in message, message
-    assert "Connection closed by peer" in cause, cause
+    assert "Connection closed by peer" in cause or "Connection reset by peer" in cause, cause  # gloo's words
 
 
 def wait_for_a_slow_rank(comm: Communicator) -> str:
