@@ -97,6 +97,10 @@ class StoreHandle:
     def multi_get(self, keys: list[str]) -> list[bytes]:
         return self._call(lambda: self.store.multi_get(keys))
 
+    def multi_set(self, keys: list[str], values: list[str]) -> None:
+        # every torch store has multi_set (one request to a server); its stubs do not
+        self._call(lambda: self.store.multi_set(keys, values))  # type: ignore[attr-defined]
+
     def compare_set(self, key: str, expected: str, desired: str) -> bytes:
         return self._call(lambda: self.store.compare_set(key, expected, desired))
 
