@@ -11,11 +11,12 @@ reader gets O(1) bytes however many arrived.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 
 from communicator.control.board import FailureBoard
-from communicator.control.log import guarded_store
+from communicator.control.log import LOOK_SECONDS, guarded_store
 from communicator.control.polls import DIRECT_SECONDS, FIRST_PAUSE, Poll, backoff
 from communicator.control.ranks import Spans, listed, spans_text
 from communicator.errors import CommError, CommTimeoutError
@@ -47,11 +48,13 @@ def barrier_poll(
         board.post_arrived(rank, number)
     events = guarded_store(lambda: store.add("events", 0))  # made: one request reads both counters
     started = now
+    relayed_from = now + DIRECT_SECONDS if board.log.relay is not None else math.inf
     # Not paced by this thread's other requests (a judge's): a rank that saw the last arrival
     # seconds late would be judged to be in another collective by the ranks already past it.
-    pause = backoff(FIRST_PAUSE, board.log.look_seconds)
+    # Each of its own looks is a request: one a second at most; the relay's cost none.
+    pause = backoff(FIRST_PAUSE, LOOK_SECONDS)
     while arrived < size and board.arrived < number:
-        relayed = board.log.relay is not None and now - started >= DIRECT_SECONDS
+        relayed = now >= relayed_from
         try:
             board.check(rank, seq, what, look=relayed or board.log.behind(events), completing=True)
             if board.arrived >= number:
@@ -72,9 +75,11 @@ def barrier_poll(
                 + (f": {found}" if found else ""),
                 missing_ranks=missing,
             )
-        now = yield min(pause(), max(timeout - (now - started), 0.001))
-        if board.log.relay is None or now - started < DIRECT_SECONDS:
+        step = board.log.look_seconds if relayed else min(pause(), relayed_from - now)
+        now = yield min(step, max(timeout - (now - started), 0.001))
+        if now < relayed_from:
             arrived, events = store.counters([key, "events"])
+            board.log.spend()
 
 
 def _late(board: FailureBoard, key: str) -> list[int]:

@@ -37,11 +37,11 @@ MAX_BATCH = 1024
 MAX_SINGLE = 16
 #: Where a store runs when nothing says otherwise.
 RANK_ZERO = "hosted by world rank 0"
-_SKIPPED = b'{"kind": "skipped"}'  # in place of a value that is not a record: its number is read
 _ABSENT = "\x00absent"  # never a value the control plane writes
 
 T = TypeVar("T")
 Record = dict[str, Any]
+_SKIPPED: Record = {"kind": "skipped"}  # in place of a value that is not a record: its number is read
 
 
 #: The key-value store the control plane uses: torch's (``TCPStore``, ``PrefixStore`` over it,
@@ -149,7 +149,7 @@ class EventLog:
         self._read = 0  # records numbered 1.._read are read (or skipped)
         self._clock = clock
         self._missing_since: float | None = None
-        self._direct = -LOOK_SECONDS  # when this process last read the store past a stuck relay
+        self._stored = -LOOK_SECONDS  # when this process last read the store for its host (or past it)
 
     def post(self, record: Record) -> None:
         """Append ``record`` for every rank; never raises (the store may be gone, and the error
@@ -173,18 +173,27 @@ class EventLog:
             taken = self._take(relayed)
             if relayed and relayed[-1][0] > self._read:  # the file began after this process's last
                 return self._take(self._from_store()) or taken  # record (it was replaced): fill the gap
-            turn = relay.turn() if relay.due() else None
+            # This process's share of the host's reads: one a second at most, however many of
+            # the host's turns fall due at its looks (or however late they run).
+            now = self._clock()
+            mine = now - self._stored >= LOOK_SECONDS
+            turn = relay.turn() if mine and relay.due() else None
             if turn is None:
-                now = self._clock()
-                if relay.stuck() and now - self._direct >= LOOK_SECONDS:  # its turn's holder is stopped:
-                    self._direct = now  # the store itself, once a second
+                if mine and relay.stuck():  # its turn's holder is stopped: the store itself
+                    self._stored = now
                     return self._take(self._from_store()) or taken
                 return taken
+            self._stored = now
             with turn:
                 taken = self._take(turn.records) or taken
                 found = self._from_store()
                 turn.hand(found)
             return self._take(found) or taken
+
+    def spend(self) -> None:
+        """This process read the store for news itself (a barrier's counters): its share of its
+        host's reads is spent for a second, as if it had read the log."""
+        self._stored = self._clock()
 
     def behind(self, count: int | None) -> bool:
         """Whether a look may find something, given the store's count of records (``None``: not known)."""
@@ -197,7 +206,8 @@ class EventLog:
 
     def _from_store(self) -> list[tuple[int, bytes]]:
         """The records posted since the last one read, :data:`MAX_BATCH` at most, checked: one that
-        is not a signed record is there as a skipped one."""
+        is not a signed record is there as a skipped one that says why (each process of the host
+        counts it as it takes it, so its warning is given in every process, rank 0's too)."""
         count = self.store.add("events", 0)
         if count <= self._read:
             return []
@@ -207,8 +217,9 @@ class EventLog:
         values: list[bytes | None] = [*self.store.multi_get(keys)] if complete else self._written(keys[:MAX_SINGLE])
         found = []
         for key, number, value in zip(keys, range(self._read + 1, count + 1), values, strict=False):
-            record = None if value is None else self.seal.record(key, value)
-            found.append((number, _SKIPPED if record is None else json.dumps(record).encode()))
+            checked = _SKIPPED if value is None else self.seal.checked(key, value)
+            record = {**_SKIPPED, "why": checked} if isinstance(checked, str) else checked
+            found.append((number, json.dumps(record).encode()))
         return found
 
     def _take(self, records: list[tuple[int, bytes]]) -> bool:
@@ -225,6 +236,8 @@ class EventLog:
             if record is None:
                 self.seal.tally.note("damaged lines of the host's relay")
                 continue
+            if record["kind"] == "skipped" and isinstance(record.get("why"), str):
+                self.seal.tally.note(record["why"])
             board = str(record.get("board", ""))
             if board not in self._forgotten:
                 self._boards.setdefault(board, []).append(record)

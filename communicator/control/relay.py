@@ -52,7 +52,7 @@ _SLOWEST = 1.0  # and at least this often while one of its ranks waits
 _swept = False  # whether this process removed the relays unused for a day already
 _HEAD = re.compile(rb"#[0-9a-f]{32} (\d{10})\n")  # a relay's first line: a random name, its maker's pid
 _HEAD_SIZE = 45
-NOFOLLOW = getattr(os, "ONOFOLLOW", 0) | os.O_NONBLOCK  # never a link; never waits (a FIFO in its place)
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK  # never a link; never waits (a FIFO in its place)
 
 logger = logging.getLogger("communicator")
 

@@ -481,6 +481,7 @@ class Stall:
         start = self._probed % len(peers)
         chosen = (peers[start:] + peers[:start])[:PROBES_PER_BEAT]
         self._probed = start + len(chosen)
+        board.hosts.where([members[rank] for rank in chosen])  # where they run: one request for all
         for rank in chosen:
             why = board.hosts.gone(members[rank])
             if why:

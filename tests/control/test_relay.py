@@ -15,9 +15,12 @@ from typing import Any
 
 import pytest
 import torch
+from torch._C._distributed_c10d import HashStore
 
 from communicator import CommError, Communicator, RevokedError
+from communicator.control.log import EventLog, StoreHandle
 from communicator.control.neighbours import Neighbours
+from communicator.control.records import TOKEN_VARIABLE, Seal
 from communicator.control.relay import Relay
 from communicator.testing import run_ranks
 
@@ -173,3 +176,12 @@ def test_a_host_stands_one_candidate_a_term_and_writes_one_heartbeat_for_its_pro
     first.forget(0)
     second.forget(1)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_record_not_signed_is_counted_in_each_process_that_takes_it_through_the_relay(tmp_path) -> None:
+    store = StoreHandle(HashStore())
+    logs = [EventLog(store, Relay(tmp_path / "w-h0.relay", 0.5), seal=Seal("s3cret")) for _ in range(2)]
+    store.set(f"event/{store.add('events', 1)}", '{"kind": "fail", "board": "", "rank": 1}')  # not signed
+    assert logs[0].look()  # read from the store, for the host
+    assert logs[1].look()  # read from the relay: it says why the record was skipped
+    assert [log.seal.tally.counts for log in logs] == [{f"not signed with {TOKEN_VARIABLE}": 1}] * 2
