@@ -2,9 +2,10 @@
 
 A rank that fails, refuses its arguments, finds a mismatch, finds a peer lost, judges a stall or
 closes *posts* a record: one ``add`` that numbers it and one ``set`` of ``event/<n>``. A rank
-that waits *looks*: one ``add(events, 0)``; when the count moved, one ``multi_get`` of the new
-records. So a post reaches every looking rank with O(1) requests each, O(N) in all, and a look
-when nothing happened is a single request. A process keeps the records it read by board (each
+that waits *looks*: one ``add(events, 0)``; when the count moved, a read of the new records (one
+request for one: a ``compare_set`` that changes nothing; for more, ``check`` and ``multi_get``).
+So a post reaches every looking rank with O(1) requests each, O(N) in all, and a look when
+nothing happened is a single request. A process keeps the records it read by board (each
 communicator of the world has one), until that board closes; records of boards it is not a
 member of are dropped as they are read. The processes of a host share what they read through a
 relay (see :mod:`communicator.control.relay`), so that the store sees one reader per host.
@@ -35,6 +36,8 @@ MISSING_SECONDS = 2.0
 MAX_BATCH = 1024
 #: The most records whose keys one look checks one by one while a poster is between its requests.
 MAX_SINGLE = 16
+#: The reads of the store a process may make for its host at once; past them, one a second.
+SHARE_BURST = 2.0
 #: Where a store runs when nothing says otherwise.
 RANK_ZERO = "hosted by world rank 0"
 _ABSENT = "\x00absent"  # never a value the control plane writes
@@ -149,7 +152,7 @@ class EventLog:
         self._read = 0  # records numbered 1.._read are read (or skipped)
         self._clock = clock
         self._missing_since: float | None = None
-        self._stored = -LOOK_SECONDS  # when this process last read the store for its host (or past it)
+        self._share, self._filled = SHARE_BURST, clock()  # reads it may make for its host, as of when
 
     def post(self, record: Record) -> None:
         """Append ``record`` for every rank; never raises (the store may be gone, and the error
@@ -173,17 +176,16 @@ class EventLog:
             taken = self._take(relayed)
             if relayed and relayed[-1][0] > self._read:  # the file began after this process's last
                 return self._take(self._from_store()) or taken  # record (it was replaced): fill the gap
-            # This process's share of the host's reads: one a second at most, however many of
-            # the host's turns fall due at its looks (or however late they run).
-            now = self._clock()
-            mine = now - self._stored >= LOOK_SECONDS
+            # This process's share of the host's reads: one a second once its burst is spent,
+            # however many of the host's turns fall due at its looks (or however late they run).
+            mine = self._refill() >= 1
             turn = relay.turn() if mine and relay.due() else None
             if turn is None:
                 if mine and relay.stuck():  # its turn's holder is stopped: the store itself
-                    self._stored = now
+                    self.spend()
                     return self._take(self._from_store()) or taken
                 return taken
-            self._stored = now
+            self.spend()
             with turn:
                 taken = self._take(turn.records) or taken
                 found = self._from_store()
@@ -191,9 +193,17 @@ class EventLog:
             return self._take(found) or taken
 
     def spend(self) -> None:
-        """This process read the store for news itself (a barrier's counters): its share of its
-        host's reads is spent for a second, as if it had read the log."""
-        self._stored = self._clock()
+        """This process read the store for news (for its host, or for itself: a barrier's
+        counters): one read of its share."""
+        self._share = max(self._refill() - 1, 0.0)
+
+    def _refill(self) -> float:
+        """The reads this process may make for its host now: one more each second, up to
+        :data:`SHARE_BURST`."""
+        now = self._clock()
+        self._share = min(SHARE_BURST, self._share + max(now - self._filled, 0.0) / LOOK_SECONDS)
+        self._filled = now
+        return self._share
 
     def behind(self, count: int | None) -> bool:
         """Whether a look may find something, given the store's count of records (``None``: not known)."""
@@ -212,9 +222,13 @@ class EventLog:
         if count <= self._read:
             return []
         keys = [f"event/{n}" for n in range(self._read + 1, min(count, self._read + MAX_BATCH) + 1)]
-        # while a poster is between its two requests: what is there
-        complete = self.store.check(keys)
-        values: list[bytes | None] = [*self.store.multi_get(keys)] if complete else self._written(keys[:MAX_SINGLE])
+        values: list[bytes | None]
+        if len(keys) == 1 and (value := self.store.peek(keys[0])) is not None:  # the usual news: one request
+            values = [value]
+        elif self.store.check(keys):
+            values = [*self.store.multi_get(keys)]
+        else:  # while a poster is between its two requests: what is there
+            values = self._written(keys[:MAX_SINGLE])
         found = []
         for key, number, value in zip(keys, range(self._read + 1, count + 1), values, strict=False):
             checked = _SKIPPED if value is None else self.seal.checked(key, value)
