@@ -8,7 +8,10 @@ it), reads the store, and appends the new records (numbered, checked: one JSON o
 the file; the others read the file, which costs no request. The store then sees about one look
 per host per period, whatever the ranks per host.
 
-A record reaches a waiting rank within one period plus one local look (:data:`LOCAL_LOOK_SECONDS`).
+A process takes the host's turn only while its own share of reads allows (one a second past a
+burst, see :class:`~communicator.control.log.EventLog`), so a record reaches a waiting rank within
+one period plus two local looks (:data:`LOCAL_LOOK_SECONDS`) where another process of the host
+waits too, or a second and a local look where it waits alone.
 A process that finds the file gone or replaced reads it again from the start: records carry their
 numbers, so none is taken twice. A line that is not ``<number> <record>`` is skipped (warned of
 once per file) and never read again. When the file has not been refreshed for
@@ -59,9 +62,10 @@ logger = logging.getLogger("communicator")
 
 def relay_seconds(local_size: int) -> float:
     """How long a host's read of the store stays fresh: shorter for more ranks per host, so that
-    each process's share of the host's looks is at most one a second, and a host looks at most
-    twice a second however many ranks it runs (its share of the job's load, with its heartbeat
-    and its candidate for a stall judge, stays under three requests a second)."""
+    the host's looks, shared by its processes, are one a second for each of them at most, and a
+    host looks at most twice a second however many ranks it runs (its share of the job's load,
+    with its heartbeat and its candidate for a stall judge, stays under three requests a
+    second)."""
     return min(_SLOWEST, max(_FASTEST, _SLOWEST / max(local_size, 1)))
 
 
