@@ -117,6 +117,11 @@ class CountingStore(Store):
     def multi_get(self, keys: list[str]) -> list[bytes]:
         return self._request("multi_get", keys, 0, lambda: self.inner.multi_get(keys))
 
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        sent = sum(map(_size, values))
+        # every torch store has multi_set; its stubs do not
+        self._request("multi_set", keys, sent, lambda: self.inner.multi_set(keys, values))  # type: ignore[attr-defined]
+
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
         sent = _size(expected) + _size(desired)
         return self._request("compare_set", [key], sent, lambda: self.inner.compare_set(key, expected, desired))
