@@ -29,7 +29,7 @@ from torch._C._distributed_c10d import HashStore, PrefixStore, Store, TCPStore
 
 import communicator.control.relay as relay_module
 from benchmarks.control_news import News, capacity, time_to_know
-from benchmarks.control_virtual import Processes
+from benchmarks.control_virtual import Processes, shared_records
 from communicator.config import CommConfig
 from communicator.control.log import LOOK_SECONDS
 from communicator.control.plane import Control, World
@@ -263,7 +263,7 @@ def simulate(
     logging.getLogger("communicator").disabled = True  # virtual ranks' stall warnings are not news
     waits = seconds or WAIT_SECONDS
     try:
-        with unswept():
+        with unswept(), shared_records():
             if real:  # a server's state is not copied with a process: each scenario makes its ranks
                 played: Iterable[Result] = (scenario(name, n, make_store, real, per_host, waits) for name in scenarios)
             else:

@@ -19,7 +19,7 @@ import torch
 from torch._C._distributed_c10d import Store
 
 from benchmarks.control_plane import Clock, CountingStore, Result, news_delay, ranks
-from benchmarks.control_virtual import Processes
+from benchmarks.control_virtual import Processes, timed_by
 from communicator.control.plane import Control
 from communicator.control.polls import Poll, backoff
 from communicator.control.stalls import JUDGE_AFTER_SECONDS, PROBES_PER_BEAT, WATCH_SECONDS, Stall
@@ -243,7 +243,7 @@ def scenario(
 ) -> Result:
     """Scenario ``name`` at ``n`` virtual ranks, ``per_host`` to a host; its waits last ``seconds``."""
     counting, clock, processes = CountingStore(make_store(), real), Clock(), Processes()
-    with processes.installed():
+    with processes.installed(), timed_by(clock):
         building = time.perf_counter()
         controls = ranks(counting, n, _stall_seconds(name), clock, processes, per_host)
         built = time.perf_counter()
@@ -271,7 +271,7 @@ def _made_once(
     names: Sequence[str], n: int, make_store: Callable[[], Store], per_host: int, stall_seconds: float, seconds: float
 ) -> Iterator[Result]:
     counting, clock, processes = CountingStore(make_store()), Clock(), Processes()
-    with processes.installed():
+    with processes.installed(), timed_by(clock):
         building = time.perf_counter()
         controls = ranks(counting, n, stall_seconds, clock, processes, per_host)
         built = time.perf_counter() - building

@@ -2,23 +2,33 @@
 own, in a table that says whether it still runs, so that a lost rank is found the way a real one
 is (its host's ranks by its process id, a stall judge elsewhere by its probe) and nothing is
 posted for it by hand. The control plane's liveness checks read this table while it is installed
-(:func:`installed`), never ``/proc`` or the network.
+(:meth:`Processes.installed`), never ``/proc`` or the network.
+
+The records of the operations the virtual ranks run (what a status says of how long one has run)
+follow the simulation's clock (:func:`timed_by`), as every other time they publish does.
+
+What N real processes would each parse of the same record, the virtual ranks share
+(:func:`shared_records`): one parsed record or failure per text, never changed once parsed.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import communicator.control.board as board_module
 import communicator.control.liveness as liveness_module
+import communicator.control.log as log_module
+import communicator.control.stalls as stalls_module
+import communicator.guard as guard_module
+import communicator.observe.events as events_module
 from communicator.control.liveness import Hosts
 
-__all__ = ["FIRST_PID", "Processes"]
+__all__ = ["FIRST_PID", "Processes", "shared_records", "timed_by"]
 
 #: The process id of virtual rank 0; rank ``r``'s is ``FIRST_PID + r`` (7 digits, as a busy host's are).
 FIRST_PID = 1_000_000
@@ -44,15 +54,17 @@ class Processes:
 
     @contextlib.contextmanager
     def making(self, rank: int, address: str, port: int) -> Iterator[None]:
-        """While rank ``rank``'s world is made: its process id is its own, and its probe listens
+        """While rank ``rank``'s world is made: its process id is its own (as it announces it), and its probe listens
         at ``address``:``port`` (a virtual socket, which the watcher never has to drain)."""
         self._making = (rank, address, port)
-        getpid = os.getpid
-        os.getpid = lambda: self.pid(rank)
         try:
             yield
         finally:
-            os.getpid, self._making = getpid, None
+            self._making = None
+
+    def _getpid(self) -> int:
+        """The process id of the rank being made; outside, one as long (what a status names)."""
+        return FIRST_PID if self._making is None else self.pid(self._making[0])
 
     def _listen(self) -> Any:
         assert self._making is not None
@@ -76,12 +88,55 @@ class Processes:
 
         patches: list[tuple[object, str, object]] = [(board_module, "alive", self.alive)]
         patches += [(liveness_module, "alive", self.alive), (liveness_module, "socket", probe)]
+        process = SimpleNamespace(getpid=self._getpid)
+        patches += [(liveness_module, "os", process), (stalls_module, "os", process)]
         patches += [(Hosts, "_listen", self._listen), (Hosts, "announce", announced)]
-        saved = [(where, name, getattr(where, name)) for where, name, _ in patches]
-        for where, name, value in patches:
-            setattr(where, name, value)
-        try:
+        with _patched(patches):
             yield
-        finally:
-            for where, name, value in saved:
-                setattr(where, name, value)
+
+
+@contextlib.contextmanager
+def shared_records() -> Iterator[None]:
+    """Records and failures parsed once per text for every virtual rank (a rank's copy would only
+    be read: N copies of each would hold the memory of N processes)."""
+    parse, failure = getattr(log_module, "parse_record"), getattr(board_module, "_failure")  # noqa: B009
+    records: dict[str, Any] = {}
+    failures: dict[object, Any] = {}
+
+    def parsed(text: str) -> Any:
+        if text not in records:
+            records[text] = parse(text)
+        return records[text]
+
+    def failed(text: object) -> Any:
+        if not isinstance(text, str):
+            return failure(text)  # raises as it would
+        if text not in failures:
+            failures[text] = failure(text)
+        return failures[text]
+
+    with _patched([(log_module, "parse_record", parsed), (board_module, "_failure", failed)]):
+        yield
+
+
+@contextlib.contextmanager
+def timed_by(clock: Callable[[], float]) -> Iterator[None]:
+    """Operations start and run (their records' clock) on ``clock``, not the real one."""
+    events_time = SimpleNamespace(perf_counter=clock, time=time.time)
+    with _patched(
+        [(guard_module, "_clock", clock), (events_module, "_clock", clock), (events_module, "time", events_time)]
+    ):
+        yield
+
+
+@contextlib.contextmanager
+def _patched(patches: list[tuple[object, str, object]]) -> Iterator[None]:
+    """Each ``(where, name, value)``: ``where.name`` is ``value`` inside, as it was after."""
+    saved = [(where, name, getattr(where, name)) for where, name, _ in patches]
+    for where, name, value in patches:
+        setattr(where, name, value)
+    try:
+        yield
+    finally:
+        for where, name, value in saved:
+            setattr(where, name, value)

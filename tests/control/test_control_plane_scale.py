@@ -103,6 +103,7 @@ def _waits(per_host: int, seconds: float) -> dict[str, Result]:
     return {r.scenario: r for r in simulate(64, HashStore, per_host=per_host, scenarios=WAITS, seconds=seconds)}
 
 
+@pytest.mark.timeout(600)  # about a minute alone on 2 cores
 def test_ten_thousand_ranks_cost_what_a_thousand_do_per_rank(counts) -> None:
     large = {r.scenario: r for r in simulate(10_000, HashStore, scenarios=AT_TEN_THOUSAND)}
     for scenario in AT_TEN_THOUSAND:
