@@ -331,29 +331,6 @@ def format_table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: Sequence[Result], path: str) -> None:
-    """Store requests against ranks, per scenario, on log-log axes (needs matplotlib); the dotted
-    line is what startup cost before this design (2N², every rank reading every peer's keys)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    for scenario in SCENARIOS:
-        points = sorted((r.ranks, r.requests) for r in results if r.scenario == scenario and r.served is None)
-        if points:
-            axes.plot(*zip(*points, strict=True), marker="o", label=scenario)
-    sizes = sorted({r.ranks for r in results})
-    axes.plot(sizes, [2 * n * n for n in sizes], linestyle=":", color="grey", label="startup before (2N²)")
-    axes.set(xscale="log", yscale="log", xlabel="ranks", ylabel="store requests, all ranks together")
-    axes.set_title("The control plane's store requests grow linearly with the job")
-    axes.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-
-
 def _streamer(out: IO[str] | None) -> Callable[[Result | News], None]:
     """A report of each result: a progress line on stderr, and a JSON line in ``out`` (flushed)."""
 
@@ -392,7 +369,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--store-capacity", action="store_true", help="only: the requests a second one TCPStore serves here"
     )
+    parser.add_argument("--news", action="store_true", help="only: news timed against a TCPStore at each size")
     args = parser.parse_args(argv)
+    if args.news:
+        with contextlib.ExitStack() as stack:
+            report = _streamer(stack.enter_context(open(args.json, "w")) if args.json else None)
+            for per_host, n in itertools.product(args.hosts, args.ranks):
+                report(time_to_know(n, per_host))
+        return 0
     if args.store_capacity:
         rates = sorted(capacity() for _ in range(3))
         print(f"one TCPStore served {rates[1]:,.0f} requests/s (of 3 runs: {rates[0]:,.0f} to {rates[2]:,.0f})")
