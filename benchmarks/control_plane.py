@@ -4,9 +4,12 @@ that counts requests, keys and bytes (over torch's ``HashStore``) or against a r
 Each virtual rank is a :class:`~communicator.control.World` of its own (its ranks on hosts of
 ``per_host``, no threads or sockets: the simulation beats its watcher and drives its looks and
 polling loops on the schedule a real process follows, on a clock of its own that the hosts'
-relays read), so what is counted is what N processes would send. The scenarios are in
-:mod:`benchmarks.control_scenarios`. ``python -m benchmarks.control_plane`` runs them with a
-progress line per scenario and size on stderr, each result streamed (``--json``) as it comes.
+relays read; its process id and probe socket are virtual, see
+:mod:`benchmarks.control_virtual`), so what is counted is what N processes would send. The
+scenarios are in :mod:`benchmarks.control_scenarios`; news timed against a real server in
+:mod:`benchmarks.control_news`; tables and the plot in :mod:`benchmarks.control_report`.
+``python -m benchmarks.control_plane`` runs them with a progress line per scenario and size on
+stderr, each result streamed (``--json``) as it comes.
 """
 
 from __future__ import annotations
@@ -152,21 +155,20 @@ class CountingStore(Store):
 @dataclasses.dataclass
 class Result:
     """One scenario at one size: requests, keys and bytes in all (per rank, per rank per second),
-    and how long until every rank knew (requests timed against a real server, plus the longest
-    pause between looks)."""
+    and how long until every rank knew (:attr:`knows_within`)."""
 
     scenario: str
     ranks: int
     requests: int
     seconds: float  # the simulated time the scenario covers
     knew: bool  # whether every rank found out what it had to
-    served: float | None = None  # the time a real server took for the requests that spread the news
+    served: float | None = None  # the time a real server took for the scenario's requests, one after another
     keys: int = 0
     bytes: int = 0
     per_host: int = PER_HOST
     build_seconds: float = 0.0  # wall time to make the virtual ranks, and to play the scenario
     play_seconds: float = 0.0
-    peak_mib: float = 0.0  # the simulating process's peak resident memory so far
+    peak_mib: float = 0.0  # peak resident memory: the process's, or with a forked child, both together
     knew_after: float | None = None  # simulated seconds until the last rank knew (news scenarios)
     found_after: float = 0.0  # ... until the first rank knew (0: it posted the news)
     news: float | None = None  # measured: from a post until the last host's read returned it

@@ -33,7 +33,7 @@ from communicator.errors import (
 )
 from communicator.guard import Spec
 
-__all__ = ["WAIT_SECONDS", "scenario"]
+__all__ = ["WAIT_SECONDS", "forked", "scenario"]
 
 #: How long the simulated waits last (and the spread of the skewed arrivals), unless asked otherwise.
 WAIT_SECONDS = 10.0
