@@ -63,28 +63,39 @@ def scenario_table(results: Sequence[Result], real: Sequence[Result] = (), per_h
     return "\n".join(lines)
 
 
+def _spread(values: Sequence[float], unit: str = "", digits: int = 2) -> str:
+    """``value`` for one measurement, ``low to high`` for several."""
+    low, high = min(values), max(values)
+    if len(values) == 1:
+        return f"{low:,.{digits}f}{unit}"
+    return f"{low:,.{digits}f} to {high:,.{digits}f}{unit}"
+
+
 def load_table(results: Sequence[Result], news: Sequence[dict[str, Any]], capacity: float | None) -> str:
     """The requests a second the whole job puts on its one store: waiting idle (every rank's rate
     in the idle wait), and while a failure's news spreads (the idle rate, plus its requests over
     the time every rank took to know, as scheduled); the hosts' reads measured against a real
-    store; what one store served here."""
+    store (each measurement's spread); what one store served here."""
     lines = [
-        "| N (8 a host) | idle | during a failure | hosts' reads asked / made (real store) | news read by every host |",
-        "|---|---|---|---|---|",
+        "| N (8 a host) | idle | during a failure | runs | hosts' reads asked / made, per second "
+        "| news read by every host | by half the hosts |",
+        "|---|---|---|---|---|---|---|",
     ]
     by = {(r.scenario, r.ranks): r for r in results if r.per_host == PER_HOST}
-    measured = {n["ranks"]: n for n in news if n["per_host"] == PER_HOST}
-    for n in sorted({r.ranks for r in results if r.per_host == PER_HOST}):
+    sizes = {r.ranks for r in results if r.per_host == PER_HOST} | {n["ranks"] for n in news}
+    for n in sorted(sizes):
         idle, failure = by.get(("idle wait", n)), by.get(("failure", n))
         idle_rate = idle.rate * n if idle is not None else None
         spread = failure.requests / failure.knew_after if failure is not None and failure.knew_after else None
         during = (idle_rate or 0.0) + spread if spread is not None else None
-        found = measured.get(n)
-        reads = f"{found['wanted']:,.0f} / {found['served']:,.0f}" if found else ""
-        knew = f"{found['knew']:.2f} s (half {found['median']:.2f} s)" if found else ""
+        found = [m for m in news if m["per_host"] == PER_HOST and m["ranks"] == n]
+        runs = str(len(found)) if found else ""
+        reads = f"{found[0]['wanted']:,.0f} / {_spread([m['served'] for m in found], digits=0)}" if found else ""
+        knew = _spread([m["knew"] for m in found], " s") if found else ""
+        half = _spread([m["median"] for m in found], " s") if found else ""
         idle_text = f"{idle_rate:,.0f}" if idle_rate is not None else ""
         during_text = f"{during:,.0f}" if during is not None else ""
-        lines.append(f"| {n:,} | {idle_text} | {during_text} | {reads} | {knew} |")
+        lines.append(f"| {n:,} | {idle_text} | {during_text} | {runs} | {reads} | {knew} | {half} |")
     if capacity is not None:
         lines.append(f"\nOne TCPStore served {capacity:,.0f} requests/s here.")
     return "\n".join(lines)
