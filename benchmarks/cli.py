@@ -9,8 +9,9 @@ import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from benchmarks import control_plane, control_report, ddp, recovery, verify
+from benchmarks import control_plane, control_report, ddp, recovery, tensor_path, verify
 from benchmarks.cases import CASE_NAMES
 from benchmarks.measured import CaseRun, all_correct
 from benchmarks.overhead import CALLS, format_overhead, run_overhead
@@ -52,6 +53,7 @@ def _at_least(minimum: int) -> Callable[[str], int]:
 
 CONTROL_PLANE = "control-plane"
 RECOVERY = "recovery"
+TENSOR_PATH = tensor_path.TENSOR_PATH
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,10 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cases",
         nargs="+",
-        choices=(*CASE_NAMES, OVERHEAD, CONTROL_PLANE, RECOVERY, *ddp.CASES),
+        choices=(*CASE_NAMES, TENSOR_PATH, OVERHEAD, CONTROL_PLANE, RECOVERY, *ddp.CASES),
         default=[*CASE_NAMES, OVERHEAD],
         metavar="CASE",
-        help=f"cases to run (default all: {' '.join(CASE_NAMES)} {OVERHEAD}; also {CONTROL_PLANE}: the control"
+        help=f"cases to run (default all: {' '.join(CASE_NAMES)} {OVERHEAD}; also {TENSOR_PATH}: a tensor inside an"
+        " object against the tensor ops, and gathers of unknown shapes against equal ones; {CONTROL_PLANE}: the control"
         f" plane's store requests for virtual ranks; {RECOVERY}: a rank killed, the survivors shrink;"
         f" {' '.join(ddp.CASES)}: DDP and FSDP2 steps and a blocking call through comm.as_process_group()"
         " against a native gloo group)",
@@ -218,6 +221,19 @@ def _through_the_group(sizes: Sequence[int], args: argparse.Namespace, worlds: d
     return ddp.format_rows(rows, settings)
 
 
+def _tensor_path(size: int, plan: Plan, args: argparse.Namespace, world: dict[str, Any]) -> bool:
+    """The tensor-path case at one size, printed and recorded in ``world``: whether this library was right."""
+    sizes = tensor_path.QUICK if args.quick else tensor_path.FULL
+    result = tensor_path.run(size, sizes, plan.repeat, plan.max_repeat, plan.min_sample_seconds, args.timeout)
+    text, record, correct = tensor_path.report(result, args.quick)
+    more = f" ({plan.max_repeat} for targets within noise)" if plan.max_repeat > plan.repeat else ""
+    print(f"{_world(size)}, {TENSOR_PATH}: median of {plan.repeat} rounds{more}, slowest rank per round\n{text}")
+    world.setdefault("cases", {})[TENSOR_PATH] = record
+    world.setdefault("targets", []).extend(record["targets"])
+    world["all_correct"] = world.get("all_correct", True) and correct
+    return correct
+
+
 def _first_failure(error: CommError) -> str:
     """The first failed rank's report: the others usually only echo it."""
     if isinstance(error, RemoteError):
@@ -255,6 +271,7 @@ def run(args: argparse.Namespace) -> int:
     }
     worlds = {size: world_record(size) for size in sizes}
     runs: dict[int, list[CaseRun]] = {}
+    tensors_right = True
     if CONTROL_PLANE in args.cases:  # virtual ranks in this process: no world size
         results = control_plane.run(args.ranks)
         if args.real_store:
@@ -273,26 +290,34 @@ def run(args: argparse.Namespace) -> int:
             for result in recovered:
                 worlds[result.world_size][RECOVERY] = dataclasses.asdict(result)
         for index, size in enumerate(sizes):
+            plan = Plan(size, repeat, cases, payloads, sample, args.stats, max_repeat)
             if cases:
                 if index:
                     print()
-                plan = Plan(size, repeat, cases, payloads, sample, args.stats, max_repeat)
                 runs[size] = _cases(plan, args)
                 worlds[size].update(cases_record(runs[size], args.quick))
-            if OVERHEAD in args.cases:
+            if TENSOR_PATH in args.cases:
                 if cases or index:
+                    print()
+                tensors_right = _tensor_path(size, plan, args, worlds[size]) and tensors_right
+            if OVERHEAD in args.cases:
+                if cases or index or TENSOR_PATH in args.cases:
                     print()
                 worlds[size][OVERHEAD] = _overhead(size, args)
         trained = _through_the_group(sizes, args, worlds)
         if trained:
-            print(f"\n{trained}" if cases or OVERHEAD in args.cases or RECOVERY in args.cases else trained)
+            print(
+                f"\n{trained}"
+                if cases or OVERHEAD in args.cases or TENSOR_PATH in args.cases or RECOVERY in args.cases
+                else trained
+            )
         scaling = format_scaling(runs) if len(runs) > 1 else ""
         if scaling:
             print(f"\n{scaling}")
     except CommError as error:
         print(f"communicator bench: the ranks failed: {_first_failure(error)}", file=sys.stderr)
         return 1
-    correct = all(all_correct(case_runs) for case_runs in runs.values())
+    correct = tensors_right and all(all_correct(case_runs) for case_runs in runs.values())
     record = {**record, "all_correct": correct, "worlds": list(worlds.values())}
     if args.json:
         with open(args.json, "w") as out:

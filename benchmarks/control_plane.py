@@ -136,6 +136,11 @@ class CountingStore(Store):
     def multi_get(self, keys: list[str]) -> list[bytes]:
         return self._request("multi_get", len(keys), sum(map(len, keys)), self.inner.multi_get, keys)
 
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        sent = sum(map(len, keys)) + sum(map(_size, values))
+        # every torch store has multi_set; its stubs do not
+        self._request("multi_set", len(keys), sent, self.inner.multi_set, keys, values)  # type: ignore[attr-defined]
+
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
         sent = len(key) + _size(expected) + _size(desired)
         return self._request("compare_set", 1, sent, self.inner.compare_set, key, expected, desired)

@@ -250,7 +250,7 @@ def scenario(
         try:
             result = _play(name, controls, counting, clock, processes, real, seconds)
         finally:
-            _remove_relays(controls)
+            _remove_files(controls)
     result.build_seconds, result.play_seconds = built - building, time.perf_counter() - built
     return result
 
@@ -284,7 +284,7 @@ def _made_once(
                     try:
                         return _play(name, controls, counting, clock, processes, False, seconds)
                     finally:
-                        _remove_relays(controls)  # made at the first look: the next child makes its own
+                        _remove_files(controls)  # made at the first look: the next child makes its own
 
                 result = _in_child(play)
                 result.build_seconds = built
@@ -332,10 +332,14 @@ def _stall_seconds(name: str) -> float:
     return 4.0 if name == "stall" else 600.0
 
 
-def _remove_relays(controls: Sequence[Control]) -> None:
+def _remove_files(controls: Sequence[Control]) -> None:
+    """The hosts' relays and their files beside them, as the ranks' worlds stop."""
     for control in controls:
-        if control.world.relay is not None:
-            control.world.relay.remove()
+        world = control.world
+        if world.neighbours is not None:
+            world.neighbours.forget(world.world_rank)
+        if world.relay is not None:
+            world.relay.remove()
 
 
 def _play(

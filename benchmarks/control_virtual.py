@@ -17,6 +17,7 @@ import contextlib
 import socket
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -27,6 +28,7 @@ import communicator.control.stalls as stalls_module
 import communicator.guard as guard_module
 import communicator.observe.events as events_module
 from communicator.control.liveness import Hosts
+from communicator.control.neighbours import Neighbours
 
 __all__ = ["FIRST_PID", "Processes", "shared_records", "timed_by"]
 
@@ -79,7 +81,8 @@ class Processes:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        """The control plane's liveness checks ask this table; virtual ranks announce probes."""
+        """The control plane's liveness checks ask this table; virtual ranks announce probes, and
+        keep their statuses for their host's heartbeat under their own process ids."""
         probe = SimpleNamespace(create_connection=self._connect, gethostname=socket.gethostname)
         announce = Hosts.announce
 
@@ -91,6 +94,12 @@ class Processes:
         process = SimpleNamespace(getpid=self._getpid)
         patches += [(liveness_module, "os", process), (stalls_module, "os", process)]
         patches += [(Hosts, "_listen", self._listen), (Hosts, "announce", announced)]
+        status_file = Neighbours._status_file
+
+        def named(neighbours: Neighbours, rank: int, pid: int) -> Path:
+            return status_file(neighbours, rank, self.pid(rank))  # the file of its process, virtual or not
+
+        patches.append((Neighbours, "_status_file", named))
         with _patched(patches):
             yield
 

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.verify import PEERS, Claim, load_claims
+from benchmarks.verify import Claim, against, load_claims
 
 __all__ = ["main", "plot"]
 
@@ -24,13 +24,13 @@ def plot(claims: Sequence[Claim], path: Path | str) -> None:
     matplotlib.use("Agg")  # no display: the plot goes to a file
     import matplotlib.pyplot as plt
 
-    rows = list(dict.fromkeys((claim.what, claim.peer) for claim in claims))
+    rows = list(dict.fromkeys((claim.what, claim.peer, claim.op) for claim in claims))
     sizes = sorted({claim.world_size for claim in claims})
     figure, axes = plt.subplots(figsize=(11, 0.3 * len(rows) + 1.6))
     for index, size in enumerate(sizes):
         # Each world size a little apart, so that overlapping intervals stay readable.
         offset = (index - (len(sizes) - 1) / 2) * 0.25
-        mine = [(rows.index((c.what, c.peer)), c) for c in claims if c.world_size == size]
+        mine = [(rows.index((c.what, c.peer, c.op)), c) for c in claims if c.world_size == size]
         axes.errorbar(
             [c.median for _, c in mine],
             [row + offset for row, _ in mine],
@@ -43,14 +43,14 @@ def plot(claims: Sequence[Claim], path: Path | str) -> None:
     axes.set_xscale("log")
     ticks = [t for t in (0.5, 1, 2, 5, 10, 20, 50) if axes.get_xlim()[0] <= t <= axes.get_xlim()[1]]
     axes.set_xticks(ticks, [f"{t:g}" for t in ticks])
-    axes.set_yticks(range(len(rows)), [f"{what} vs {PEERS.get(peer, peer)}" for what, peer in rows], fontsize=8)
+    axes.set_yticks(range(len(rows)), [f"{what} vs {against(op, peer)}" for what, peer, op in rows], fontsize=8)
     axes.invert_yaxis()  # the table's order, top to bottom
     axes.set_xlabel("the peer's time / ours (log scale): right of 1, communicator is faster")
     axes.legend(fontsize="small", loc="lower right")
     machine = claims[0].machine
-    load = machine["load"]
+    load = [seen for claim in claims for seen in claim.machine["load"]]  # over every run of the claims
     axes.set_title(
-        f"{machine['cores']}-core {machine['machine']}, load average {load[0]:.1f}-{load[-1]:.1f}, gloo on one"
+        f"{machine['cores']}-core {machine['machine']}, load average {min(load):.1f}-{max(load):.1f}, gloo on one"
         " machine\nmedian of per-round ratios, 90 % interval",
         fontsize=9,
     )

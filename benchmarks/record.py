@@ -15,12 +15,13 @@ from benchmarks.floor import FLOOR, FLOOR_FRESH
 from benchmarks.measured import CaseRun, all_correct
 from benchmarks.ops import IMPLS, OURS
 from benchmarks.scaling import bytes_moved, oversubscribed, us_per_mib
-from benchmarks.targets import RAW, evaluate
+from benchmarks.targets import RAW, Outcome, evaluate
 
-__all__ = ["cases_record", "environment", "world_record"]
+__all__ = ["call_record", "cases_record", "environment", "targets_record", "world_record"]
 
 
-def _call_record(run: CaseRun, op: str, impl: str) -> dict[str, Any]:
+def call_record(run: CaseRun, op: str, impl: str) -> dict[str, Any]:
+    """One call's medians, raw times, check and peak memory (or why it failed)."""
     call = (op, impl)
     if call in run.timings.errors:
         return {"error": run.timings.errors[call], "correct": False}
@@ -57,7 +58,7 @@ def _ratios(run: CaseRun, op: str) -> dict[str, float]:
 
 def _op_record(run: CaseRun, op: str) -> dict[str, Any]:
     record: dict[str, Any] = {
-        "impls": {impl: _call_record(run, op, impl) for impl in IMPLS if impl in run.impls(op)},
+        "impls": {impl: call_record(run, op, impl) for impl in IMPLS if impl in run.impls(op)},
         "ratios": _ratios(run, op),
     }
     moved = bytes_moved(op, run.bytes_per_rank)
@@ -112,18 +113,21 @@ def cases_record(runs: Sequence[CaseRun], quick: bool) -> dict[str, Any]:
         "all_correct": all_correct(runs),
         "cases": {run.case: _case_record(run) for run in runs},
         # Targets are set for the full payloads; a quick run does not judge them.
-        "targets": []
-        if quick
-        else [
-            {
-                "case": o.target.case,
-                "target": o.target.label,
-                "ratio": o.ratio,  # the median of the rounds' ratios
-                "interval": None if o.spread is None else [o.spread.low, o.spread.high],
-                "confidence": None if o.spread is None else o.spread.confidence,
-                "rounds": None if o.spread is None else o.spread.rounds,
-                "verdict": o.verdict,
-            }
-            for o in evaluate(runs)
-        ],
+        "targets": [] if quick else targets_record(evaluate(runs)),
     }
+
+
+def targets_record(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+    """Each target with its ratio (the median of the rounds' ratios), interval and verdict."""
+    return [
+        {
+            "case": o.target.case,
+            "target": o.target.label,
+            "ratio": o.ratio,
+            "interval": None if o.spread is None else [o.spread.low, o.spread.high],
+            "confidence": None if o.spread is None else o.spread.confidence,
+            "rounds": None if o.spread is None else o.spread.rounds,
+            "verdict": o.verdict,
+        }
+        for o in outcomes
+    ]

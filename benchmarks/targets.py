@@ -134,11 +134,11 @@ def target_spread(target: Target, slower: Seconds, faster: Seconds) -> Spread | 
     return spread_of(ratios) if ratios else None
 
 
-def straddling(case: str, seconds: Seconds) -> set[Call]:
-    """The calls of the case's own targets whose interval straddles the bound (or has too few
-    rounds for one): timing them again can decide the verdict."""
+def straddling(case: str, seconds: Seconds, among: Sequence[Target] = TARGETS) -> set[Call]:
+    """The calls of the case's own targets (of ``among``) whose interval straddles the bound (or
+    has too few rounds for one): timing them again can decide the verdict."""
     calls: set[Call] = set()
-    for target in TARGETS:
+    for target in among:
         if target.case != case or (target.faster_case or case) != case:
             continue
         spread = target_spread(target, seconds, seconds)

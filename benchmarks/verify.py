@@ -34,12 +34,14 @@ from benchmarks.floor import FLOOR_FRESH
 from benchmarks.ops import MMENGINE, OURS, TORCH
 from benchmarks.overhead import IGNITE
 from benchmarks.spread import CONFIDENCE, Spread, spread_of
+from benchmarks.tensor_path import OURS_TENSOR, TENSOR_PATH, MiB, size_text, sweep_op, tensor_op
 
 __all__ = [
     "CLAIMS",
     "HEADLINE",
     "Claim",
     "Pick",
+    "against",
     "load_claims",
     "main",
     "measured",
@@ -61,7 +63,7 @@ OVERHEAD = "overhead"
 #: with a 90 % interval), more where a target's interval straddles it.
 HEADLINE_ARGS = (
     *("--world-size", "2", "4"),
-    *("--cases", "small", "records", "arrays", "dict100", OVERHEAD),
+    *("--cases", "small", "records", "arrays", "dict100", TENSOR_PATH, OVERHEAD),
     *("--repeat", "5"),
 )
 VERSIONS = ("python", "torch", "mmengine", "ignite")
@@ -80,7 +82,7 @@ class Pick:
     what: str  # how the page names it
 
 
-_SMALL, _ARRAYS = "a dict of 10 floats", "64 MiB of NumPy arrays a rank"
+_SMALL, _ARRAYS, _TENSOR = "a dict of 10 floats", "64 MiB of NumPy arrays a rank", "one 64 MiB tensor a rank"
 #: Chosen before measuring: each object op, result collection, dict reduction and tiny op against
 #: the peers that run it (ignite only in the overhead case) and the floor for large payloads.
 HEADLINE = (
@@ -96,6 +98,16 @@ HEADLINE = (
     Pick("records", "collect_results", MMENGINE, "collect_results, 1000 small dicts a rank"),
     Pick("arrays", "collect_results", MMENGINE, f"collect_results, {_ARRAYS}"),
     Pick("arrays", "collect_results", FLOOR_FRESH, f"collect_results, {_ARRAYS}"),
+    *(
+        Pick(TENSOR_PATH, op, peer, f"{op}, {_TENSOR}")
+        for op in ("all_gather_object", "broadcast_object")
+        for peer in (OURS_TENSOR, TORCH, IGNITE, MMENGINE)
+    ),
+    *(
+        Pick(TENSOR_PATH, sweep_op(kind, size), peer, f"{kind}, shapes unknown, {size_text(size)} a rank")
+        for kind, peer in (("all_gather", OURS_TENSOR), ("gather", TORCH))
+        for size in (MiB, 16 * MiB)
+    ),
     Pick("dict100", "all_reduce_dict", TORCH, "all_reduce_dict, 100 scalars"),
     Pick("dict100", "all_reduce_dict", MMENGINE, "all_reduce_dict, 100 scalars"),
     *(
@@ -104,13 +116,18 @@ HEADLINE = (
         for peer in peers
     ),
 )
-#: How the table names a peer.
+#: How the table names a peer (this library's tensor op: :func:`against`).
 PEERS = {
     TORCH: "torch.distributed",
     MMENGINE: "mmengine.dist",
     IGNITE: "ignite.distributed",
     FLOOR_FRESH: "the floor (same bytes, new memory)",
 }
+
+
+def against(op: str, peer: str) -> str:
+    """How the table names the side an op is compared with."""
+    return f"ours: {tensor_op(op)}" if peer == OURS_TENSOR else PEERS.get(peer, peer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,15 +330,15 @@ def render(claims: Sequence[Claim]) -> str:
     """The page's "At a glance" table and its notes, in Markdown."""
     sizes = sorted({claim.world_size for claim in claims})
     by_key = {(c.what, c.peer, c.world_size): c for c in claims}
-    rows = list(dict.fromkeys((c.what, c.peer) for c in claims))
+    rows = list(dict.fromkeys((c.what, c.peer, c.op) for c in claims))
     lines = [
         f"| operation | against | {' | '.join(f'world {size}' for size in sizes)} |",
         f"| --- | --- |{' --- |' * len(sizes)}",
         *(
-            f"| {what} | {PEERS.get(peer, peer)} | "
+            f"| {what} | {against(op, peer)} | "
             + " | ".join(_cell(by_key.get((what, peer, size))) for size in sizes)
             + " |"
-            for what, peer in rows
+            for what, peer, op in rows
         ),
     ]
     notes = []

@@ -76,6 +76,9 @@ class FailureBoard:
         self._mismatch: CollectiveMismatchError | None = None
         self.verdicts: dict[int, Record] = {}  # seq -> the stall judge's latest verdict
         self.barriers = 0  # barriers through the store so far (see :mod:`communicator.control.barrier`)
+        self.arrived = 0  # the last of them that every member reached, as the log said
+        self._refused_by_all: set[int] = set()  # collectives every member refused, as the log said
+        self._someone_left = False  # whether the log said a rank left an operation after a refusal
         self._statuses_complete = False  # whether every member has published a status
         self._children = 0
         self._released = False
@@ -117,13 +120,16 @@ class FailureBoard:
         if not self._released:
             self.log.post({"kind": kind, "board": self.name, "rank": rank, **fields})
 
-    def _named(self, counter: str) -> bool:
-        """Count one more post of a kind under ``counter``: whether it is among the first
-        :data:`NAMED_RECORDS` (then it is recorded in the log too)."""
+    def _count(self, counter: str) -> int:
+        """Count one more post of a kind under ``counter``: how many there are now (recorded in
+        the log too while there are at most :data:`NAMED_RECORDS`); 0 when the store is gone."""
         try:
-            return self._store.add(f"{self.name}{counter}", 1) <= NAMED_RECORDS
+            return self._store.add(f"{self.name}{counter}", 1)
         except Exception:  # noqa: BLE001 - the store may be gone: the post says what it can
-            return True
+            return 0
+
+    def _named(self, counter: str) -> bool:
+        return self._count(counter) <= NAMED_RECORDS
 
     def post(self, failure: RemoteFailure, done: int = -1) -> None:
         """Announce that local rank ``failure.rank`` failed for good after completing ``done``
@@ -145,8 +151,13 @@ class FailureBoard:
         if collective:  # known here at once: the log may show the others' before this rank's own
             self._refusals.setdefault(seq, set()).add(failure.rank)
         # the refusals of a collective are counted (settling ranks read the count); the first are recorded
-        if self._named(f"refused{seq}" if collective else f"inputs{seq}"):
+        count = self._count(f"refused{seq}" if collective else f"inputs{seq}")
+        if count <= NAMED_RECORDS:
             self._post("input", failure.rank, seq=seq, collective=collective, failure=failure.to_json().decode())
+        if collective and count >= len(self.members):  # refused again at the same number: still every member's
+            self._refused_by_all.add(seq)
+            if count == len(self.members):  # the last: settling ranks that read a relay learn it so
+                self._post("refused", failure.rank, seq=seq)
 
     def _leave(self, rank: int) -> None:
         """Count (once) that ``rank`` left an operation unfinished because of a refusal: the ranks
@@ -155,7 +166,8 @@ class FailureBoard:
             self._left = True
             with contextlib.suppress(Exception):
                 self._store.append(f"{self.name}left/who", f"{rank},")
-                self._store.add(f"{self.name}left", 1)
+                if self._store.add(f"{self.name}left", 1) == 1:  # the first: as the count, for a relay's readers
+                    self._post("left", rank)
 
     def post_mismatch(self, rank: int, error: CollectiveMismatchError) -> None:
         """Announce a mismatch, so that every member raises the same error."""
@@ -196,6 +208,11 @@ class FailureBoard:
             if self._store.add(f"{self.name}lost/{peer}", 1) > 1:
                 return
         self._post("lost", rank, peer=peer, why=why)
+
+    def post_arrived(self, rank: int, barrier: int) -> None:
+        """Announce that every member reached barrier number ``barrier`` (``rank`` came last)."""
+        self.arrived = max(self.arrived, barrier)
+        self._post("arrived", rank, barrier=barrier)
 
     def post_verdict(self, rank: int, seq: int, verdict: dict[str, Any]) -> None:
         """The stall judge's verdict on operation ``seq``, for the other waiting members."""
@@ -271,6 +288,12 @@ class FailureBoard:
             self._refused_then_closed[rank] = int(record.get("refused", -1))
         elif kind == "verdict" and isinstance(record["verdict"], dict):
             self.verdicts[int(record["seq"])] = record["verdict"]
+        elif kind == "refused":
+            self._refused_by_all.add(int(record["seq"]))
+        elif kind == "left":
+            self._someone_left = True
+        elif kind == "arrived":
+            self.arrived = max(self.arrived, int(record["barrier"]))
 
     def check(
         self, rank: int, seq: int, what: str, look: bool = True, *, direct: bool = False, completing: bool = False
@@ -361,15 +384,19 @@ class FailureBoard:
                 dead[peer] = pid
         return dead
 
-    def refused_by_all(self, rank: int, refused: int, what: str, look: bool) -> bool:
+    def refused_by_all(self, rank: int, refused: int, what: str, look: bool, relayed: bool = False) -> bool:
         """Whether every member refused its arguments to collective ``refused``, as this rank did
         (the group is intact); raise when a member left an operation because of a refusal (it had
         started one without the refusing ranks), or (``look``: read the log too) failed, closed or
         is gone: the group can no longer be trusted. Two requests the first time (counters, whatever
         the size), then one (the two and the log's count: this rank's refusal was posted), and the
-        log's read only when its count moved."""
+        log's read only when its count moved. ``relayed``: the log alone, through the host's relay
+        (the last rank to refuse and the first to leave say so there)."""
         names, events = [f"{self.name}refused{refused}", f"{self.name}left"], None
-        if refused in self._counted:
+        if relayed:
+            self.refresh()
+            count, left = len(self.members) if refused in self._refused_by_all else 0, int(self._someone_left)
+        elif refused in self._counted:
             count, left, events = self._store.counters([*names, "events"])
         else:  # made by the first read
             count, left = (self._store.add(name, 0) for name in names)
@@ -385,7 +412,7 @@ class FailureBoard:
                 "operations, so the communicator is unusable"
             )
         if look:
-            self.refresh(look=self.log.behind(events))
+            self.refresh(look=self.log.behind(events) and not relayed)
             self.raise_known(rank, 0, what)  # revoked, a mismatch, failures for good, lost ranks
             refusers = self._refusals.get(refused, set())
             closed = sorted(
@@ -460,6 +487,12 @@ class FailureBoard:
         """Write a process's status (see :mod:`communicator.control.stalls`), signed."""
         key = f"status/{world_rank}"
         guarded_store(lambda: self._store.set(key, self.log.seal.seal(key, status)))
+
+    def publish_host(self, statuses: dict[int, str]) -> None:
+        """Write the statuses of a host's processes (world rank -> status), signed: one request."""
+        keys = [f"status/{rank}" for rank in statuses]
+        values = [self.log.seal.seal(key, status) for key, status in zip(keys, statuses.values(), strict=True)]
+        guarded_store(lambda: self._store.multi_set(keys, values))
 
 
 def _failure(text: object) -> RemoteFailure:

@@ -16,15 +16,18 @@ import contextlib
 import errno
 import os
 import socket
+import time
 
 from communicator.control.log import StoreHandle, guarded_store
 from communicator.control.processes import alive
 from communicator.control.records import Seal
 
-__all__ = ["PROBE_SECONDS", "Hosts"]
+__all__ = ["LOCAL_SECONDS", "PROBE_SECONDS", "Hosts"]
 
 #: How long a connection to another host's probe socket may take before that host counts as gone.
 PROBE_SECONDS = 3.0
+#: How often the ranks of this host are read again while some have not announced themselves.
+LOCAL_SECONDS = 1.0
 _BACKLOG = 1024
 
 
@@ -50,6 +53,7 @@ class Hosts:
         self._address = address
         self._probe: socket.socket | None = None
         self._local: dict[int, int] | None = None  # world rank -> pid, for the ranks on this host
+        self._local_read = -LOCAL_SECONDS  # when the host's key was last read (time.monotonic)
         self._where: dict[int, tuple[str, int, str, int]] = {}  # world rank -> (host, pid, address, port)
 
     def announce(self, world_rank: int, listen: bool = True) -> None:
@@ -92,9 +96,12 @@ class Hosts:
             self._probe = None
 
     def local(self, expected: int) -> dict[int, int]:
-        """The ranks known to run on this host, with their process ids (one request, repeated
-        while fewer than ``expected`` have announced themselves)."""
-        if self._local is None or len(self._local) < expected:
+        """The ranks known to run on this host, with their process ids (one request, repeated at
+        most every :data:`LOCAL_SECONDS` while fewer than ``expected`` have announced themselves:
+        each look of a wait asks, and a process started late on a loaded host may take seconds)."""
+        now = time.monotonic()
+        if self._local is None or (len(self._local) < expected and now - self._local_read >= LOCAL_SECONDS):
+            self._local_read = now
             key = f"host/{self.host}"
             found = {}
             for entry in filter(None, guarded_store(lambda: self._store.get(key)).split(b";")):

@@ -2,9 +2,10 @@
 
 A rank that fails, refuses its arguments, finds a mismatch, finds a peer lost, judges a stall or
 closes *posts* a record: one ``add`` that numbers it and one ``set`` of ``event/<n>``. A rank
-that waits *looks*: one ``add(events, 0)``; when the count moved, one ``multi_get`` of the new
-records. So a post reaches every looking rank with O(1) requests each, O(N) in all, and a look
-when nothing happened is a single request. A process keeps the records it read by board (each
+that waits *looks*: one ``add(events, 0)``; when the count moved, a read of the new records (one
+request for one: a ``compare_set`` that changes nothing; for more, ``check`` and ``multi_get``).
+So a post reaches every looking rank with O(1) requests each, O(N) in all, and a look when
+nothing happened is a single request. A process keeps the records it read by board (each
 communicator of the world has one), until that board closes; records of boards it is not a
 member of are dropped as they are read. The processes of a host share what they read through a
 relay (see :mod:`communicator.control.relay`), so that the store sees one reader per host.
@@ -35,13 +36,15 @@ MISSING_SECONDS = 2.0
 MAX_BATCH = 1024
 #: The most records whose keys one look checks one by one while a poster is between its requests.
 MAX_SINGLE = 16
+#: The reads of the store a process may make for its host at once; past them, one a second.
+SHARE_BURST = 2.0
 #: Where a store runs when nothing says otherwise.
 RANK_ZERO = "hosted by world rank 0"
-_SKIPPED = b'{"kind": "skipped"}'  # in place of a value that is not a record: its number is read
 _ABSENT = "\x00absent"  # never a value the control plane writes
 
 T = TypeVar("T")
 Record = dict[str, Any]
+_SKIPPED: Record = {"kind": "skipped"}  # in place of a value that is not a record: its number is read
 
 
 #: The key-value store the control plane uses: torch's (``TCPStore``, ``PrefixStore`` over it,
@@ -97,6 +100,10 @@ class StoreHandle:
     def multi_get(self, keys: list[str]) -> list[bytes]:
         return self._call(lambda: self.store.multi_get(keys))
 
+    def multi_set(self, keys: list[str], values: list[str]) -> None:
+        # every torch store has multi_set (one request to a server); its stubs do not
+        self._call(lambda: self.store.multi_set(keys, values))  # type: ignore[attr-defined]
+
     def compare_set(self, key: str, expected: str, desired: str) -> bytes:
         return self._call(lambda: self.store.compare_set(key, expected, desired))
 
@@ -145,7 +152,7 @@ class EventLog:
         self._read = 0  # records numbered 1.._read are read (or skipped)
         self._clock = clock
         self._missing_since: float | None = None
-        self._direct = -LOOK_SECONDS  # when this process last read the store past a stuck relay
+        self._share, self._filled = SHARE_BURST, clock()  # reads it may make for its host, as of when
 
     def post(self, record: Record) -> None:
         """Append ``record`` for every rank; never raises (the store may be gone, and the error
@@ -169,18 +176,34 @@ class EventLog:
             taken = self._take(relayed)
             if relayed and relayed[-1][0] > self._read:  # the file began after this process's last
                 return self._take(self._from_store()) or taken  # record (it was replaced): fill the gap
-            turn = relay.turn() if relay.due() else None
+            # This process's share of the host's reads: one a second once its burst is spent,
+            # however many of the host's turns fall due at its looks (or however late they run).
+            mine = self._refill() >= 1
+            turn = relay.turn() if mine and relay.due() else None
             if turn is None:
-                now = self._clock()
-                if relay.stuck() and now - self._direct >= LOOK_SECONDS:  # its turn's holder is stopped:
-                    self._direct = now  # the store itself, once a second
+                if mine and relay.stuck():  # its turn's holder is stopped: the store itself
+                    self.spend()
                     return self._take(self._from_store()) or taken
                 return taken
+            self.spend()
             with turn:
                 taken = self._take(turn.records) or taken
                 found = self._from_store()
                 turn.hand(found)
             return self._take(found) or taken
+
+    def spend(self) -> None:
+        """This process read the store for news (for its host, or for itself: a barrier's
+        counters): one read of its share."""
+        self._share = max(self._refill() - 1, 0.0)
+
+    def _refill(self) -> float:
+        """The reads this process may make for its host now: one more each second, up to
+        :data:`SHARE_BURST`."""
+        now = self._clock()
+        self._share = min(SHARE_BURST, self._share + max(now - self._filled, 0.0) / LOOK_SECONDS)
+        self._filled = now
+        return self._share
 
     def behind(self, count: int | None) -> bool:
         """Whether a look may find something, given the store's count of records (``None``: not known)."""
@@ -193,18 +216,24 @@ class EventLog:
 
     def _from_store(self) -> list[tuple[int, bytes]]:
         """The records posted since the last one read, :data:`MAX_BATCH` at most, checked: one that
-        is not a signed record is there as a skipped one."""
+        is not a signed record is there as a skipped one that says why (each process of the host
+        counts it as it takes it, so its warning is given in every process, rank 0's too)."""
         count = self.store.add("events", 0)
         if count <= self._read:
             return []
         keys = [f"event/{n}" for n in range(self._read + 1, min(count, self._read + MAX_BATCH) + 1)]
-        # while a poster is between its two requests: what is there
-        complete = self.store.check(keys)
-        values: list[bytes | None] = [*self.store.multi_get(keys)] if complete else self._written(keys[:MAX_SINGLE])
+        values: list[bytes | None]
+        if len(keys) == 1 and (value := self.store.peek(keys[0])) is not None:  # the usual news: one request
+            values = [value]
+        elif self.store.check(keys):
+            values = [*self.store.multi_get(keys)]
+        else:  # while a poster is between its two requests: what is there
+            values = self._written(keys[:MAX_SINGLE])
         found = []
         for key, number, value in zip(keys, range(self._read + 1, count + 1), values, strict=False):
-            record = None if value is None else self.seal.record(key, value)
-            found.append((number, _SKIPPED if record is None else json.dumps(record).encode()))
+            checked = _SKIPPED if value is None else self.seal.checked(key, value)
+            record = {**_SKIPPED, "why": checked} if isinstance(checked, str) else checked
+            found.append((number, json.dumps(record).encode()))
         return found
 
     def _take(self, records: list[tuple[int, bytes]]) -> bool:
@@ -221,6 +250,8 @@ class EventLog:
             if record is None:
                 self.seal.tally.note("damaged lines of the host's relay")
                 continue
+            if record["kind"] == "skipped" and isinstance(record.get("why"), str):
+                self.seal.tally.note(record["why"])
             board = str(record.get("board", ""))
             if board not in self._forgotten:
                 self._boards.setdefault(board, []).append(record)

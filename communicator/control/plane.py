@@ -16,7 +16,8 @@ from communicator.control.barrier import barrier_poll
 from communicator.control.board import FailureBoard
 from communicator.control.liveness import Hosts
 from communicator.control.log import RANK_ZERO, EventLog, Store, StoreHandle, guarded_store
-from communicator.control.polls import Pacer, Poll, drive
+from communicator.control.neighbours import Neighbours
+from communicator.control.polls import DIRECT_SECONDS, Pacer, Poll, drive
 from communicator.control.records import Seal
 from communicator.control.relay import Relay
 from communicator.control.stalls import Watch, Watcher
@@ -60,7 +61,18 @@ class World:
         self.log = EventLog(self.store, self.relay, clock, self.seal)
         self.hosts.announce(world_rank, listen=threads)
         self.root = FailureBoard(self.log, self.hosts, self.store, "", range(world_size), local_size)
-        self.watcher = Watcher(self.root, self.hosts, world_rank, world_size, config.stall_seconds, threads, clock)
+        self.neighbours = Neighbours(self.relay, clock) if self.relay is not None else None
+        self.watcher = Watcher(
+            self.root,
+            self.hosts,
+            world_rank,
+            world_size,
+            config.stall_seconds,
+            threads,
+            clock,
+            self.neighbours,
+            local_size,
+        )
         self.users = 0  # open communicators of this world
         self.clock = clock  # wall time, which every process shares (the judges' terms follow it)
 
@@ -76,6 +88,8 @@ class World:
     def stop(self) -> None:
         self.watcher.stop()
         self.hosts.close()
+        if self.neighbours is not None:
+            self.neighbours.forget(self.world_rank)
         if self.relay is not None:
             self.relay.close()
 
@@ -167,14 +181,15 @@ class Control:
             while True:
                 look = now - looked >= every
                 looked = now if look else looked
-                if self.board.refused_by_all(self.rank, seq, calls.op, look):
+                relayed = self.world.relay is not None and now - started >= DIRECT_SECONDS  # past its first looks
+                if self.board.refused_by_all(self.rank, seq, calls.op, look, relayed):
                     return
                 if now - started > self.limit:
                     raise CommTimeoutError(
                         f"{calls.op} on rank {self.rank}: after {self.limit:g} s, not every rank has refused "
                         f"operation #{seq} (as this rank did) or left it"
                     )
-                now = yield pause(now)
+                now = yield every if relayed else pause(now)  # the relay's reads are the host's, paced there
         except CommError as error:
             if self.broken is None:  # unusable now; a rank released later names the refusal as the cause
                 self.broken = error

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Generator
 from typing import Protocol, TypeVar
 
-__all__ = ["FIRST_PAUSE", "GROWTH", "PACE_BURST", "Pacer", "Poll", "backoff", "drive"]
+__all__ = ["DIRECT_SECONDS", "FIRST_PAUSE", "GROWTH", "PACE_BURST", "Pacer", "Poll", "backoff", "drive"]
 
 T = TypeVar("T")
 #: A polling loop: yields its pauses (seconds), is sent the time it goes on at, returns its outcome.
@@ -29,6 +29,8 @@ PACE_BURST = 4
 FIRST_PAUSE = 0.005
 #: How much longer each pause is than the one before, up to the loop's cap.
 GROWTH = 4.0
+#: How long a poll reads the store itself (its first, prompt looks) before a host's relay serves it.
+DIRECT_SECONDS = 1.5
 
 
 def backoff(first: float, cap: float) -> Callable[[], float]:

@@ -6,7 +6,8 @@ shared secret (:data:`TOKEN_VARIABLE`, the same on every rank) every record the 
 carries an HMAC-SHA256 over the key it is written to and its text: a record that is not signed
 with the secret is ignored, as is one signed for another key (copied from elsewhere). What is
 ignored is counted and named in a warning on the ``communicator`` logger, once at first and then
-at most every :data:`WARN_SECONDS`.
+at most every :data:`WARN_SECONDS`, in each process that reads it (from the store or through its
+host's relay).
 """
 
 from __future__ import annotations
@@ -149,25 +150,37 @@ class Seal:
     def open(self, key: str, value: bytes) -> str | None:
         """The text of a value read from ``key``; ``None`` (counted) when it is not text, or not
         signed with the secret for that key."""
-        try:
-            text = value.decode()
-        except UnicodeDecodeError:
-            self.tally.note("not text")
-            return None
-        if self._key is None:
-            return text
-        mac, _, body = text.partition(" ")
-        if len(mac) != _DIGEST or not hmac.compare_digest(mac, self._mac(key, body)):
-            self.tally.note(f"not signed with {TOKEN_VARIABLE}")
-            return None
-        return body
+        text, why = self._opened(key, value)
+        if text is None:
+            self.tally.note(why)
+        return text
 
     def record(self, key: str, value: bytes) -> dict[str, Any] | None:
         """The record a value of ``key`` holds; ``None`` (counted) when it is not a signed record."""
-        text = self.open(key, value)
-        if text is None:
+        found = self.checked(key, value)
+        if isinstance(found, str):
+            self.tally.note(found)
             return None
+        return found
+
+    def checked(self, key: str, value: bytes) -> dict[str, Any] | str:
+        """The record a value of ``key`` holds, or why it is ignored (not counted here: the
+        event log counts it in each process that takes it, see :mod:`communicator.control.log`)."""
+        text, why = self._opened(key, value)
+        if text is None:
+            return why
         record = parse_record(text)
-        if record is None:
-            self.tally.note("not one JSON record on one line")
-        return record
+        return "not one JSON record on one line" if record is None else record
+
+    def _opened(self, key: str, value: bytes) -> tuple[str | None, str]:
+        """The text of a value read from ``key``, or ``None`` and why."""
+        try:
+            text = value.decode()
+        except UnicodeDecodeError:
+            return None, "not text"
+        if self._key is None:
+            return text, ""
+        mac, _, body = text.partition(" ")
+        if len(mac) != _DIGEST or not hmac.compare_digest(mac, self._mac(key, body)):
+            return None, f"not signed with {TOKEN_VARIABLE}"
+        return body, ""

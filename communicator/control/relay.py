@@ -8,7 +8,10 @@ it), reads the store, and appends the new records (numbered, checked: one JSON o
 the file; the others read the file, which costs no request. The store then sees about one look
 per host per period, whatever the ranks per host.
 
-A record reaches a waiting rank within one period plus one local look (:data:`LOCAL_LOOK_SECONDS`).
+A process takes the host's turn only while its own share of reads allows (one a second past a
+burst, see :class:`~communicator.control.log.EventLog`), so a record reaches a waiting rank within
+one period plus two local looks (:data:`LOCAL_LOOK_SECONDS`) where another process of the host
+waits too, or a second and a local look where it waits alone.
 A process that finds the file gone or replaced reads it again from the start: records carry their
 numbers, so none is taken twice. A line that is not ``<number> <record>`` is skipped (warned of
 once per file) and never read again. When the file has not been refreshed for
@@ -39,7 +42,7 @@ from pathlib import Path
 
 from communicator.control.processes import alive
 
-__all__ = ["LOCAL_LOOK_SECONDS", "Relay", "Turn", "relay_seconds"]
+__all__ = ["LOCAL_LOOK_SECONDS", "NOFOLLOW", "Relay", "Turn", "relay_seconds"]
 
 #: How often a waiting rank reads the relay (a file read: no store request).
 LOCAL_LOOK_SECONDS = 0.25
@@ -47,20 +50,22 @@ LOCAL_LOOK_SECONDS = 0.25
 STALE_SECONDS = 86_400.0
 #: How long a relay may go without a read of the store before its readers read the store themselves.
 STUCK_SECONDS = 2.0
-_FASTEST = 0.25  # the host reads the store at most this often
+_FASTEST = 0.5  # the host reads the store at most this often
 _SLOWEST = 1.0  # and at least this often while one of its ranks waits
 _swept = False  # whether this process removed the relays unused for a day already
 _HEAD = re.compile(rb"#[0-9a-f]{32} (\d{10})\n")  # a relay's first line: a random name, its maker's pid
 _HEAD_SIZE = 45
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK  # never a link; never waits (a FIFO in its place)
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK  # never a link; never waits (a FIFO in its place)
 
 logger = logging.getLogger("communicator")
 
 
 def relay_seconds(local_size: int) -> float:
     """How long a host's read of the store stays fresh: shorter for more ranks per host, so that
-    each process's share of the host's looks is at most one a second (two a second per host for
-    two ranks, four a second for four or more)."""
+    the host's looks, shared by its processes, are one a second for each of them at most, and a
+    host looks at most twice a second however many ranks it runs (its share of the job's load,
+    with its heartbeat and its candidate for a stall judge, stays under three requests a
+    second)."""
     return min(_SLOWEST, max(_FASTEST, _SLOWEST / max(local_size, 1)))
 
 
@@ -110,7 +115,7 @@ class Relay:
     def read(self) -> list[tuple[int, bytes]]:
         """The records appended since the last read, as ``(number, record)``."""
         try:
-            fd = os.open(self.path, os.O_RDONLY | _NOFOLLOW)
+            fd = os.open(self.path, os.O_RDONLY | NOFOLLOW)
         except OSError:
             return []
         try:
@@ -168,7 +173,7 @@ class Relay:
             return Turn(self, -1, [])  # no file: this process reads the store for itself
         try:
             if fd < 0:
-                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | _NOFOLLOW)
+                fd = os.open(self.path, os.O_RDWR | os.O_APPEND | NOFOLLOW)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             offset, head = self._offset, self._head
             records = self._read(fd)
@@ -184,7 +189,7 @@ class Relay:
 
     def _make(self) -> int:
         """A new relay file, named (its first line) by this process; ``FileExistsError`` if there is one."""
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | _NOFOLLOW
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | NOFOLLOW
         try:
             fd = os.open(self.path, flags, 0o600)
         except FileNotFoundError:  # the folder was removed when it was empty: made again
@@ -219,15 +224,23 @@ class Relay:
 
 def _sweep(where: Path) -> None:
     """Remove the relays whose maker's process is gone (one still in use is made again at its next
-    turn), and, once per process, those with no readable maker unused for :data:`STALE_SECONDS`."""
+    turn), and, once per process, those with no readable maker unused for :data:`STALE_SECONDS`;
+    and the statuses kept for a host's heartbeat (:mod:`communicator.control.neighbours`) of
+    processes that are gone."""
     global _swept
     old, _swept = (None if _swept else time.time() - STALE_SECONDS), True
     with contextlib.suppress(OSError), os.scandir(where) as entries:
         for entry in entries:
+            if entry.name.endswith(".status"):  # a process's status for its host's heartbeat: pid last
+                pid = entry.name.removesuffix(".status").rpartition("-")[2]
+                if pid.isdigit() and len(pid) < 10 and not alive(int(pid)):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+                continue
             if not entry.name.endswith(".relay"):
                 continue
             with contextlib.suppress(OSError):
-                fd = os.open(entry.path, os.O_RDONLY | _NOFOLLOW)
+                fd = os.open(entry.path, os.O_RDONLY | NOFOLLOW)
                 try:
                     maker, made = _maker(os.pread(fd, _HEAD_SIZE, 0)), os.fstat(fd).st_mtime
                 finally:

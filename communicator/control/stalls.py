@@ -7,12 +7,15 @@ running or the last one, the call site: what the guard keeps anyway, so a call c
 more) and writes it to the store only when it has settled (unchanged for :func:`settle_seconds`)
 and differs from what it wrote last, or when :func:`heartbeat_seconds` have passed: a process
 that makes progress writes nothing, one that stopped somewhere writes once, and the job's
-heartbeat traffic stays under :data:`HEARTBEATS_PER_SECOND` however many ranks it has.
+heartbeat traffic stays under :data:`HEARTBEATS_PER_SECOND` however many ranks it has. Where a
+relay serves, the host writes one heartbeat for all its processes (see
+:mod:`communicator.control.neighbours`).
 
 **Diagnosis.** A rank whose wait in one operation has lasted :data:`JUDGE_AFTER_SECONDS` asks
-to *judge* it; the first member to ask does (one request each). A judge serves a term of
-:data:`JUDGE_TERM_SECONDS`; the waiting members elect one again each term (the judge asks first,
-so it stays while it waits), so that one that left or died is replaced. A point-to-point
+to *judge* it; the first member to ask does (one request each; where a relay serves, only the
+first waiting process of each host asks). A judge serves a term of :data:`JUDGE_TERM_SECONDS`;
+the waiting members elect one again each term (the judge asks first, so it stays while it
+waits), so that one that left or died is replaced. A point-to-point
 operation has no number the group shares: each waiting rank judges its own, reading and probing
 its peers only. Once per beat the judge checks that the members it waits on are alive (see
 :mod:`communicator.control.liveness`), and after ``stall_seconds`` (or half the timeout, if
@@ -48,6 +51,7 @@ from typing import Any, NamedTuple
 
 from communicator.control.board import FailureBoard
 from communicator.control.liveness import Hosts
+from communicator.control.neighbours import KEEP_SECONDS, Neighbours
 from communicator.control.ranks import Spans, spans_text
 from communicator.control.records import parse_status
 from communicator.crosscheck import CHECKING
@@ -143,8 +147,13 @@ class Watcher:
         stall_seconds: float,
         thread: bool = True,
         clock: Callable[[], float] = time.time,
+        neighbours: Neighbours | None = None,
+        local_size: int = 1,
     ) -> None:
         self.board, self.hosts, self.world_rank = board, hosts, world_rank
+        self.neighbours, self._local_size = neighbours, local_size
+        self._kept = -KEEP_SECONDS  # when this process last kept its status for its host's heartbeat
+        self._covered = False  # whether it could
         self.clock = clock  # wall time, which the judges compare a status's age against
         self.heartbeat, self._settle = heartbeat_seconds(world_size), settle_seconds(stall_seconds)
         self._comms: dict[str, CallState] = {}
@@ -182,13 +191,28 @@ class Watcher:
         if state != self._state:
             self._state, self._since = state, now
         settled = now - self._since >= self._settle and state != self._written[0]
-        if not (settled or now - self._written[1] >= self.heartbeat):
+        covered = self.neighbours is not None and self._share(now, status, settled)
+        if not (settled or (now - self._written[1] >= self.heartbeat and not covered)):
             return False
         self._beat += 1
         status["beat"] = self._beat
         self.board.publish(self.world_rank, json.dumps(status))
         self._written = (state, now)
         return True
+
+    def _share(self, now: float, status: dict[str, Any], settled: bool) -> bool:
+        """Keep this process's status for its host's heartbeat (a state about to be written: at
+        once, so the host never writes an older one after it), and write the host's heartbeat
+        when it is due and this process takes it; whether the host's heartbeat covers this
+        process (else it writes its own: the host's files cannot be used)."""
+        assert self.neighbours is not None
+        if settled or now - self._kept >= KEEP_SECONDS:
+            self._kept = now
+            self._covered = self.neighbours.keep(self.world_rank, json.dumps(status))
+        statuses = self.neighbours.beat(self.heartbeat, lambda: self.hosts.local(self._local_size))
+        if statuses:
+            self.board.publish_host(statuses)
+        return self._covered and statuses is not None
 
     def _run(self) -> None:
         failures = 0
@@ -363,7 +387,9 @@ class Stall:
         term = judge_term(self._watch.clock(), self._judging)
         if term != self._term:
             self._term = term
-            self._judging = p2p or board.elect(calls.seq, term)
+            neighbours = self._watch.watcher.neighbours
+            stands = neighbours is None or neighbours.stand(f"{board.name}#{calls.seq}", term)
+            self._judging = p2p or (stands and board.elect(calls.seq, term))
         if self._judging:
             self._judge(now, calls.seq, publish=not p2p)
             return
@@ -455,6 +481,7 @@ class Stall:
         start = self._probed % len(peers)
         chosen = (peers[start:] + peers[:start])[:PROBES_PER_BEAT]
         self._probed = start + len(chosen)
+        board.hosts.where([members[rank] for rank in chosen])  # where they run: one request for all
         for rank in chosen:
             why = board.hosts.gone(members[rank])
             if why:

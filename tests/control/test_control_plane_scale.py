@@ -87,16 +87,19 @@ def test_news_costs_a_few_requests_and_bytes_per_rank(counts) -> None:
     assert counts[1024]["idle wait"].rate <= 2.0
 
 
-@pytest.mark.parametrize("per_host", [1, 8])
-def test_a_wait_makes_a_few_requests_at_its_start_then_about_one_a_second(per_host: int) -> None:
+@pytest.mark.parametrize(("per_host", "most"), [(1, 1.5), (8, 0.33)])
+def test_a_wait_makes_a_few_requests_at_its_start_then_about_one_a_second(per_host: int, most: float) -> None:
     # Each wait played 10 and 30 simulated seconds long: per rank, what it costs for each second it
-    # lasts (a look, an election of a stall judge each 5 s term, the process's heartbeat each 5 s;
-    # a collective's looks go through the host's relay where one serves) and at its start.
+    # lasts and at its start. A rank alone on its host: a look a second, a stall judge's election
+    # each 5 s term, its heartbeat each 5 s. Where a relay serves, all of it is the host's: two
+    # looks a second, one candidate an election, one heartbeat for its processes (2.4 a second a
+    # host), and the one judge's read of the statuses, once a second in the job. At its start, a
+    # barrier or a settling rank reads its counters itself (five looks in 1.5 s) before the relay.
     short, long = (_waits(per_host, seconds) for seconds in (10.0, 30.0))
     for scenario in WAITS:
         per_second = (long[scenario].per_rank - short[scenario].per_rank) / 20
         at_start = short[scenario].per_rank - 10 * per_second
-        assert per_second <= 1.5 and at_start <= 10, (scenario, per_second, at_start)
+        assert per_second <= most and at_start <= 10, (scenario, per_second, at_start)
 
 
 def _waits(per_host: int, seconds: float) -> dict[str, Result]:

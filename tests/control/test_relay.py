@@ -15,8 +15,12 @@ from typing import Any
 
 import pytest
 import torch
+from torch._C._distributed_c10d import HashStore
 
 from communicator import CommError, Communicator, RevokedError
+from communicator.control.log import EventLog, StoreHandle
+from communicator.control.neighbours import Neighbours
+from communicator.control.records import TOKEN_VARIABLE, Seal
 from communicator.control.relay import Relay
 from communicator.testing import run_ranks
 
@@ -153,3 +157,31 @@ def test_a_job_that_ends_leaves_no_relay_and_one_of_a_dead_job_goes_at_once(tmp_
     assert all(Path(path).parent == folder for path in paths), paths
     assert not left.exists()
     assert not folder.exists()  # nothing left: neither the job's relay nor the folder
+
+
+def test_a_host_stands_one_candidate_a_term_and_writes_one_heartbeat_for_its_processes(tmp_path) -> None:
+    wall = [1_000.0]
+    relay = Relay(tmp_path / "w-h0.relay", 0.5)
+    first, second = (Neighbours(relay, lambda: wall[0]) for _ in range(2))
+    assert first.stand("#3", 7) and not second.stand("#3", 7)  # one candidate for the host
+    assert second.stand("#4", 7) and second.stand("#3", 8)  # another operation, the next term
+    pid = os.getpid()
+    assert first.keep(0, '{"at": 1000}') and second.keep(1, '{"at": 1000}')
+    ranks = {0: pid, 1: pid, 2: pid}  # rank 2 kept nothing: not written for it
+    assert first.beat(5.0, lambda: ranks) == {}  # made now: its processes wrote their first status
+    wall[0] += 5.0
+    assert first.keep(0, '{"at": 1005}')  # rank 1 stopped: its status stays as old as it is
+    assert first.beat(5.0, lambda: ranks) == {0: '{"at": 1005}', 1: '{"at": 1000}'}
+    assert second.beat(5.0, lambda: ranks) == {}  # written for the host already
+    first.forget(0)
+    second.forget(1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_record_not_signed_is_counted_in_each_process_that_takes_it_through_the_relay(tmp_path) -> None:
+    store = StoreHandle(HashStore())
+    logs = [EventLog(store, Relay(tmp_path / "w-h0.relay", 0.5), seal=Seal("s3cret")) for _ in range(2)]
+    store.set(f"event/{store.add('events', 1)}", '{"kind": "fail", "board": "", "rank": 1}')  # not signed
+    assert logs[0].look()  # read from the store, for the host
+    assert logs[1].look()  # read from the relay: it says why the record was skipped
+    assert [log.seal.tally.counts for log in logs] == [{f"not signed with {TOKEN_VARIABLE}": 1}] * 2

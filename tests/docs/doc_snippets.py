@@ -3,7 +3,7 @@
 A block is a fenced ```` ```python ```` block that starts at the beginning of a line. An HTML
 comment on the line just before the fence (invisible on the rendered page) chooses how it runs::
 
-    <!-- test: python -->              run as a script in a fresh interpreter
+    <!-- test: python -->              run as a script (as __main__ of a warm interpreter: warm_python.py)
     <!-- test: torchrun 2 -->          run as a script under torchrun with 2 ranks
     <!-- test: python, torchrun 2 -->  both
     <!-- test: pytest -->              run as a test file by pytest, with the plugin enabled
@@ -18,9 +18,12 @@ A block that only includes an example file (``--8<-- "docs/examples/..."``) is n
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from communicator.launchers import launcher_variables
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -99,3 +102,13 @@ def stray_python_fences(page: Path) -> list[int]:
         if fence.group(1) in ("py", "python3", "pycon") or (fence.group(1) == "python" and line != stripped):
             stray.append(number)
     return stray
+
+
+def clean_env(extra_path: Path) -> dict[str, str]:
+    """The environment a script of the docs runs in: ``extra_path`` and the clone importable."""
+    # Neither an enclosing job's launcher variables nor a configuration may leak into the runs.
+    dropped = set(launcher_variables())
+    env = {k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("COMMUNICATOR_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(extra_path), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["OMP_NUM_THREADS"] = "1"
+    return env

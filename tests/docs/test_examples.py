@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from doc_snippets import DOCS, ROOT, pages
-from test_snippets import clean_env, torchrun_command
+from doc_snippets import DOCS, ROOT, clean_env, pages
+from test_snippets import check_exit, torchrun_command
+from warm_python import WarmPython
 
 EXAMPLES = sorted((DOCS / "examples").glob("*.py"))
 EXAMPLE_TIMEOUT = 300
@@ -47,9 +48,11 @@ def test_example_shape(path: Path) -> None:
 
 @pytest.mark.timeout(EXAMPLE_TIMEOUT + 60)
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
-def test_example_runs(path: Path, tmp_path: Path) -> None:
-    """Run as a user would: ``python docs/examples/NAME.py``; the example asserts its own answer."""
-    result = run([sys.executable, str(path)], cwd=tmp_path)
+def test_example_runs(path: Path, tmp_path: Path, warm_python: WarmPython) -> None:
+    """Run as a user would: ``python docs/examples/NAME.py`` (in a warm interpreter, see
+    ``warm_python.py``); the example asserts its own answer."""
+    result = warm_python.run([str(path)], tmp_path, clean_env(ROOT), EXAMPLE_TIMEOUT)
+    check_exit(result, f"python {path.name}")
     assert result.stdout.strip(), f"{path.name} printed nothing"
 
 

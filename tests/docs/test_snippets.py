@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from doc_snippets import README, ROOT, Snippet, all_snippets, pages, snippets, stray_python_fences
+from doc_snippets import README, ROOT, Snippet, all_snippets, clean_env, pages, snippets, stray_python_fences
+from warm_python import WarmPython
 
-from communicator.launchers import launcher_variables
 from communicator.testing.spawn import free_port
 
 SNIPPETS = [s for s in all_snippets() if not s.is_include]
 SCRIPT_TIMEOUT = 240
-
-
-def clean_env(extra_path: Path) -> dict[str, str]:
-    # Neither an enclosing job's launcher variables nor a configuration may leak into the runs.
-    dropped = set(launcher_variables())
-    env = {k: v for k, v in os.environ.items() if k not in dropped and not k.startswith("COMMUNICATOR_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(extra_path), str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["OMP_NUM_THREADS"] = "1"
-    return env
 
 
 def page_dir(snippet: Snippet, tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -58,6 +48,10 @@ def run_script(command: list[str], cwd: Path, what: str) -> None:
     result = subprocess.run(
         command, cwd=cwd, env=clean_env(cwd), capture_output=True, text=True, timeout=SCRIPT_TIMEOUT, check=False
     )
+    check_exit(result, what)
+
+
+def check_exit(result: subprocess.CompletedProcess[str], what: str) -> None:
     if result.returncode != 0:
         pytest.fail(
             f"{what} exited with {result.returncode}\n--- stdout ---\n{result.stdout[-4000:]}"
@@ -65,7 +59,9 @@ def run_script(command: list[str], cwd: Path, what: str) -> None:
         )
 
 
-def run_mode(snippet: Snippet, mode: str, directory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def run_mode(
+    snippet: Snippet, mode: str, directory: Path, monkeypatch: pytest.MonkeyPatch, warm_python: WarmPython
+) -> None:
     script = directory / f"snippet_{snippet.line}.py"
     if mode == "exec":
         monkeypatch.chdir(directory)
@@ -74,7 +70,8 @@ def run_mode(snippet: Snippet, mode: str, directory: Path, monkeypatch: pytest.M
         exec(compile(snippet.code, snippet.id, "exec"), namespace)
     elif mode == "python":
         script.write_text(snippet.code)
-        run_script([sys.executable, script.name], directory, f"python {snippet.id}")
+        result = warm_python.run([script.name], directory, clean_env(directory), SCRIPT_TIMEOUT)
+        check_exit(result, f"python {snippet.id}")
     elif mode.startswith("torchrun "):
         script.write_text(snippet.code)
         run_script(torchrun_command(mode.split()[1], script.name), directory, f"torchrun {snippet.id}")
@@ -107,13 +104,16 @@ def run_mode(snippet: Snippet, mode: str, directory: Path, monkeypatch: pytest.M
 @pytest.mark.timeout(SCRIPT_TIMEOUT * 2 + 60)
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=[s.id for s in SNIPPETS])
 def test_snippet_runs(
-    snippet: Snippet, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+    snippet: Snippet,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    warm_python: WarmPython,
 ) -> None:
     if snippet.modes[0].startswith("skip"):
         pytest.skip(f"{snippet.id}: {snippet.modes[0]}")
     directory = page_dir(snippet, tmp_path_factory)
     for mode in snippet.modes:
-        run_mode(snippet, mode, directory, monkeypatch)
+        run_mode(snippet, mode, directory, monkeypatch, warm_python)
 
 
 def test_every_page_has_its_blocks_found() -> None:

@@ -1,0 +1,168 @@
+"""A warm interpreter for the documentation's scripts.
+
+``python SCRIPT`` costs two imports of torch before the script's own work: the interpreter's, and
+the fork server's that ``launch()`` starts (about 2 s of CPU each on a 2-core machine, most of the
+docs tests' time). Here one interpreter imports torch, numpy and communicator and starts the fork
+server once; each script then runs as ``__main__`` in a child forked from it, with the script's
+directory, working directory, environment, arguments and output files, and its ``launch()`` asks
+that fork server for its ranks (they import the script as ``__mp_main__`` and unpickle its
+function, as ranks always do). The ranks' own output goes to the warm interpreter's log: results
+come back through ``launch()``. What differs from a fresh interpreter is what was imported before
+the script started; the tests that depend on a fresh one (no ``__main__`` guard, ``--help`` without
+torch, the README's commands) keep starting one.
+
+Run as a script, this module is the server: one JSON request a line on stdin, one reply a line.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import runpy
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import IO, Any
+
+LOG_ENV = "WARM_PYTHON_LOG"
+
+
+class WarmPython:
+    """The client: starts the server in a session of its own and runs scripts through it."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self._env = {**env, LOG_ENV: str(log)}
+        self._log = log
+        self._process: subprocess.Popen[str] | None = None
+
+    def run(self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+        """``python *argv`` in ``cwd`` with ``env``; killed with the server after ``timeout`` seconds."""
+        process = self._server()
+        out, err = cwd / f".warm-{os.getpid()}.out", cwd / f".warm-{os.getpid()}.err"
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(json.dumps(request) + "\n")
+        process.stdin.flush()
+        reply = _read_line(process.stdout, timeout)
+        if reply is None:
+            self.close()
+            raise subprocess.TimeoutExpired([sys.executable, *argv], timeout)
+        code = json.loads(reply)["code"]
+        stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+        out.unlink()
+        err.unlink()
+        return subprocess.CompletedProcess([sys.executable, *argv], code, stdout, stderr)
+
+    def close(self) -> None:
+        if self._process is not None:
+            _kill_session(self._process)
+            self._process = None
+
+    def _server(self) -> subprocess.Popen[str]:
+        if self._process is None or self._process.poll() is not None:
+            self._process = subprocess.Popen(
+                [sys.executable, __file__],
+                env=self._env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                start_new_session=True,  # the server, its fork server and every rank: one group to kill
+            )
+        return self._process
+
+
+def _read_line(stream: IO[str], timeout: float) -> str | None:
+    import selectors
+
+    with selectors.DefaultSelector() as selector:
+        selector.register(stream, selectors.EVENT_READ)
+        if not selector.select(timeout):
+            return None
+    return stream.readline() or None
+
+
+def _kill_session(process: subprocess.Popen[str]) -> None:
+    import signal
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def serve() -> None:
+    import multiprocessing.forkserver
+
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+
+    from communicator.testing import spawn
+
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    log = os.open(os.environ.pop(LOG_ENV), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)  # the fork server's and the ranks' output: never into the replies
+    os.dup2(log, 2)
+    multiprocessing.set_forkserver_preload(spawn._PRELOAD)
+    multiprocessing.forkserver.ensure_running()
+    own = {p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    base_path = [p for p in sys.path[1:] if p not in own]  # what any interpreter has: stdlib, site
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(_child(request, base_path))
+        _, status = os.waitpid(pid, 0)
+        replies.write(json.dumps({"code": os.waitstatus_to_exitcode(status)}) + "\n")
+
+
+def _child(request: dict[str, Any], base_path: list[str]) -> int:
+    import multiprocessing.forkserver
+    import multiprocessing.process
+
+    code = 1
+    try:
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 1)
+        os.dup2(os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 2)
+        script = request["argv"][0]
+        extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.argv = list(request["argv"])
+        sys.path[:] = [os.path.dirname(os.path.abspath(script)), *extra, *base_path]
+        # The server's fork server is alive as long as the server is; it is not this child's own
+        # child, so its check (a waitpid) would fail here.
+        multiprocessing.forkserver._forkserver.ensure_running = lambda: None  # type: ignore[method-assign]
+        multiprocessing.process.ORIGINAL_DIR = request["cwd"]  # type: ignore[attr-defined]
+        code = _run(os.path.abspath(script))  # __main__.__file__ is absolute, as python makes it
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return code
+
+
+def _run(script: str) -> int:
+    """What the interpreter does with ``python SCRIPT``: its exit status, a traceback on error."""
+    try:
+        runpy.run_path(script, run_name="__main__")
+        code = 0
+    except SystemExit as exit:
+        if exit.code is None or isinstance(exit.code, int):
+            code = exit.code or 0
+        else:
+            print(exit.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - the interpreter reports any error and exits 1
+        traceback.print_exc()
+        code = 1
+    atexit._run_exitfuncs()
+    return code
+
+
+if __name__ == "__main__":
+    serve()
