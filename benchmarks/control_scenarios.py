@@ -65,7 +65,7 @@ def _wait(controls: Sequence[Control], seconds: float, clock: Clock) -> tuple[li
     its watcher beating every :data:`~communicator.control.stalls.WATCH_SECONDS`, until a look
     raises: each wait's stall, and what each rank raised (``None``: nothing) when (simulated
     seconds from the start)."""
-    started, wall = time.monotonic(), clock.now
+    started = wall = clock.now  # the ranks' monotonic clocks too: nothing counted follows the real one
     for control in controls:  # in the collective, as its status says
         calls = control._calls
         calls.seq, calls.op = calls.seq + 1, ALL_REDUCE.name
@@ -98,7 +98,7 @@ def _poll(
     """Run the polls side by side, each from its start (seconds from now), on the simulation's
     clock, the watchers beating every :data:`~communicator.control.stalls.WATCH_SECONDS`; what
     each returned, or the ``CommError`` it raised."""
-    started, wall = time.monotonic(), clock.now
+    started = wall = clock.now  # the ranks' monotonic clocks too: nothing counted follows the real one
     heap = [(at, index) for index, (at, _) in enumerate(polls)]
     heapq.heapify(heap)
     running: dict[int, Poll[Any]] = {}
@@ -351,7 +351,7 @@ def _play(
     real: bool,
     waits: float,
 ) -> Result:
-    n, first, started = len(controls), controls[0], time.monotonic()
+    n, first, started = len(controls), controls[0], clock.now
     for control in controls:  # the first look, as the watcher's thread starts: no heartbeat is due
         control.world.watcher._written = ("", started)
         control.board.check(control.rank, 0, "startup")
