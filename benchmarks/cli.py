@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from benchmarks import control_plane, ddp, recovery, tensor_path, verify
+from benchmarks import control_plane, control_report, ddp, recovery, tensor_path, verify
 from benchmarks.cases import CASE_NAMES
 from benchmarks.measured import CaseRun, all_correct
 from benchmarks.overhead import CALLS, format_overhead, run_overhead
@@ -279,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
         print("the control plane, virtual ranks (requests counted; times against a TCPStore with --real-store)")
         print(control_plane.format_table(results))
         if args.plot:
-            control_plane.plot(results, args.plot)
+            control_report.plot(results, args.plot)
         record[CONTROL_PLANE] = [{**dataclasses.asdict(r), "knows_within": r.knows_within} for r in results]
     try:
         if RECOVERY in args.cases:

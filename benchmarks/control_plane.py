@@ -4,9 +4,12 @@ that counts requests, keys and bytes (over torch's ``HashStore``) or against a r
 Each virtual rank is a :class:`~communicator.control.World` of its own (its ranks on hosts of
 ``per_host``, no threads or sockets: the simulation beats its watcher and drives its looks and
 polling loops on the schedule a real process follows, on a clock of its own that the hosts'
-relays read), so what is counted is what N processes would send. The scenarios are in
-:mod:`benchmarks.control_scenarios`. ``python -m benchmarks.control_plane`` runs them with a
-progress line per scenario and size on stderr, each result streamed (``--json``) as it comes.
+relays read; its process id and probe socket are virtual, see
+:mod:`benchmarks.control_virtual`), so what is counted is what N processes would send. The
+scenarios are in :mod:`benchmarks.control_scenarios`; news timed against a real server in
+:mod:`benchmarks.control_news`; tables and the plot in :mod:`benchmarks.control_report`.
+``python -m benchmarks.control_plane`` runs them with a progress line per scenario and size on
+stderr, each result streamed (``--json``) as it comes.
 """
 
 from __future__ import annotations
@@ -21,13 +24,15 @@ import resource
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import timedelta
 from typing import IO, Any, TypeVar
 
 from torch._C._distributed_c10d import HashStore, PrefixStore, Store, TCPStore
 
 import communicator.control.relay as relay_module
+from benchmarks.control_news import News, capacity, time_to_know
+from benchmarks.control_virtual import Processes, shared_records
 from communicator.config import CommConfig
 from communicator.control.log import LOOK_SECONDS
 from communicator.control.plane import Control, World
@@ -68,9 +73,14 @@ SCENARIOS = (
     "cascade",
     "closing",
     "main_process_first",
+    "agree",
+    "shrink",
 )
 #: Scenarios that spread news from one rank to every other.
 NEWS = ("failure", "mismatch", "lost peer", "revoke")
+#: The survivors' protocols, whose requests per rank grow with the job (each rank checks every
+#: member missing at its look, and reads every member's entry): played up to this many ranks.
+SURVIVORS, SURVIVORS_UP_TO = ("agree", "shrink"), 1024
 
 
 def _size(value: Any) -> int:
@@ -82,53 +92,62 @@ def _size(value: Any) -> int:
 class CountingStore(Store):
     """A store that counts the requests made to it (each call is one request to a real server),
     the keys they name (a ``multi_get`` or ``check`` names every one) and the bytes they carry
-    (keys, values written and values returned), and the time spent in them (``busy``: the
-    server's part, apart from the virtual ranks' own work, which N processes would do side by side)."""
+    (keys, values written and values returned), and (``timed``) the time spent in them
+    (``busy``: the server's part, apart from the virtual ranks' own work, which N processes would
+    do side by side)."""
 
-    def __init__(self, inner: Store) -> None:
+    def __init__(self, inner: Store, timed: bool = False) -> None:
         super().__init__()
-        self.inner, self.counts, self.busy = inner, Counter[str](), 0.0
+        self.inner, self.counts, self.busy, self.timed = inner, Counter[str](), 0.0, timed
         self.keys = self.bytes = 0
 
-    def _request(self, kind: str, keys: Sequence[str], sent: int, call: Callable[[], T]) -> T:
+    def _request(self, kind: str, keys: int, sent: int, call: Callable[..., T], *args: Any) -> T:
         self.counts[kind] += 1
-        self.keys += len(keys)
-        started = time.perf_counter()
-        try:
-            found = call()
-        finally:
-            self.busy += time.perf_counter() - started
-        returned = sum(map(len, found)) if isinstance(found, list) else _size(found) if found is not None else 0
-        self.bytes += sum(len(k) for k in keys) + sent + (returned if not isinstance(found, bool) else 1)
+        self.keys += keys
+        if self.timed:
+            started = time.perf_counter()
+            try:
+                found = call(*args)
+            finally:
+                self.busy += time.perf_counter() - started
+        else:
+            found = call(*args)
+        if isinstance(found, list):
+            sent += sum(map(len, found))
+        elif isinstance(found, bool):
+            sent += 1
+        elif found is not None:
+            sent += _size(found)
+        self.bytes += sent
         return found
 
     def set(self, key: str, value: Any) -> None:
-        self._request("set", [key], _size(value), lambda: self.inner.set(key, value))
+        self._request("set", 1, len(key) + _size(value), self.inner.set, key, value)
 
     def get(self, key: str) -> bytes:
-        return self._request("get", [key], 0, lambda: self.inner.get(key))
+        return self._request("get", 1, len(key), self.inner.get, key)
 
     def add(self, key: str, value: int) -> int:
-        return self._request("add", [key], 8, lambda: self.inner.add(key, value))
+        return self._request("add", 1, len(key) + 8, self.inner.add, key, value)
 
     def check(self, keys: list[str]) -> bool:
-        return self._request("check", keys, 0, lambda: self.inner.check(keys))
+        return self._request("check", len(keys), sum(map(len, keys)), self.inner.check, keys)
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
-        return self._request("multi_get", keys, 0, lambda: self.inner.multi_get(keys))
+        return self._request("multi_get", len(keys), sum(map(len, keys)), self.inner.multi_get, keys)
 
     def multi_set(self, keys: list[str], values: list[Any]) -> None:
-        sent = sum(map(_size, values))
+        sent = sum(map(len, keys)) + sum(map(_size, values))
         # every torch store has multi_set; its stubs do not
-        self._request("multi_set", keys, sent, lambda: self.inner.multi_set(keys, values))  # type: ignore[attr-defined]
+        self._request("multi_set", len(keys), sent, self.inner.multi_set, keys, values)  # type: ignore[attr-defined]
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-        sent = _size(expected) + _size(desired)
-        return self._request("compare_set", [key], sent, lambda: self.inner.compare_set(key, expected, desired))
+        sent = len(key) + _size(expected) + _size(desired)
+        return self._request("compare_set", 1, sent, self.inner.compare_set, key, expected, desired)
 
     def append(self, key: str, value: Any) -> None:
         # every torch store has append; its stubs do not
-        self._request("append", [key], _size(value), lambda: self.inner.append(key, value))  # type: ignore[attr-defined]
+        self._request("append", 1, len(key) + _size(value), self.inner.append, key, value)  # type: ignore[attr-defined]
 
     @property
     def total(self) -> int:
@@ -141,21 +160,23 @@ class CountingStore(Store):
 @dataclasses.dataclass
 class Result:
     """One scenario at one size: requests, keys and bytes in all (per rank, per rank per second),
-    and how long until every rank knew (requests timed against a real server, plus the longest
-    pause between looks)."""
+    and how long until every rank knew (:attr:`knows_within`)."""
 
     scenario: str
     ranks: int
     requests: int
     seconds: float  # the simulated time the scenario covers
     knew: bool  # whether every rank found out what it had to
-    served: float | None = None  # the time a real server took for the requests that spread the news
+    served: float | None = None  # the time a real server took for the scenario's requests, one after another
     keys: int = 0
     bytes: int = 0
     per_host: int = PER_HOST
     build_seconds: float = 0.0  # wall time to make the virtual ranks, and to play the scenario
     play_seconds: float = 0.0
-    peak_mib: float = 0.0  # the simulating process's peak resident memory so far
+    peak_mib: float = 0.0  # peak resident memory: the process's, or with a forked child, both together
+    knew_after: float | None = None  # simulated seconds until the last rank knew (news scenarios)
+    found_after: float = 0.0  # ... until the first rank knew (0: it posted the news)
+    news: float | None = None  # measured: from a post until the last host's read returned it
 
     @property
     def per_rank(self) -> float:
@@ -175,9 +196,12 @@ class Result:
 
     @property
     def knows_within(self) -> float | None:
-        if self.served is None or self.scenario not in (*NEWS, "startup"):
-            return None
-        return self.served + (news_delay(self.per_host) if self.scenario in NEWS else 0.0)
+        """Seconds until every rank knew: measured against a real store where ``news`` was (the
+        first rank's finding, then the hosts' reads under load, then the ranks' next read of their
+        host's relay), else as the simulation's schedule had it."""
+        if self.news is None or self.knew_after is None:
+            return self.knew_after
+        return self.found_after + self.news + (LOCAL_LOOK_SECONDS if self.per_host > 1 else 0.0)
 
 
 def news_delay(per_host: int = PER_HOST) -> float:
@@ -212,15 +236,18 @@ def unswept() -> Iterator[None]:
         relay_module._sweep = sweep
 
 
-def ranks(store: Store, n: int, stall_seconds: float, clock: Clock, per_host: int = PER_HOST) -> list[Control]:
-    """``n`` virtual ranks over ``store``, ``per_host`` to a host."""
+def ranks(
+    store: Store, n: int, stall_seconds: float, clock: Clock, processes: Processes, per_host: int = PER_HOST
+) -> list[Control]:
+    """``n`` virtual ranks over ``store``, ``per_host`` to a host, their processes in ``processes``
+    (installed: see :class:`~benchmarks.control_virtual.Processes`)."""
     config = CommConfig(timeout=timedelta(seconds=600), stall_seconds=stall_seconds)
     controls = []
     with unswept():
         for rank in range(n):
             host = f"h{rank // per_host}"
-            world = World(store, rank, n, config, per_host, host=host, threads=False, clock=clock)
-            world.watcher._written = ("", time.monotonic())  # as its thread starts: the heartbeat is not due
+            with processes.making(rank, host, 1 + rank % per_host):  # its probe: a port of its host's
+                world = World(store, rank, n, config, per_host, host=host, threads=False, clock=clock)
             controls.append(Control(world, world.root, rank, CallState(), config))
     return controls
 
@@ -237,15 +264,20 @@ def simulate(
     """The ``scenarios`` at ``n`` virtual ranks; ``real``: the store is a server, so times are
     reported; ``report``: called with each result as it comes; ``seconds``: how long the waits
     last (the scenarios' own :data:`~benchmarks.control_scenarios.WAIT_SECONDS` when not given)."""
-    from benchmarks.control_scenarios import WAIT_SECONDS, scenario  # its scenarios use this module's pieces
+    from benchmarks.control_scenarios import WAIT_SECONDS, forked, scenario  # they use this module's pieces
 
     results = []
     logging.getLogger("communicator").disabled = True  # virtual ranks' stall warnings are not news
+    waits = seconds or WAIT_SECONDS
     try:
-        with unswept():
-            for name in scenarios:
-                result = scenario(name, n, make_store, real, per_host, seconds or WAIT_SECONDS)
-                result.peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        with unswept(), shared_records():
+            if real:  # a server's state is not copied with a process: each scenario makes its ranks
+                played: Iterable[Result] = (scenario(name, n, make_store, real, per_host, waits) for name in scenarios)
+            else:
+                played = forked(scenarios, n, make_store, per_host, waits)
+            for result in played:
+                if real:
+                    result.peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
                 results.append(result)
                 if report is not None:
                     report(result)
@@ -259,12 +291,16 @@ def run(
     real: bool = False,
     hosts: Sequence[int] = (PER_HOST,),
     scenarios: Sequence[str] = SCENARIOS,
-    report: Callable[[Result], None] | None = None,
+    report: Callable[[Result | News], None] | None = None,
 ) -> list[Result]:
     """The scenarios at every size and host size, against a counting ``HashStore`` or (``real``)
-    a ``TCPStore`` server."""
+    a ``TCPStore`` server, there with the time news takes to reach every host (reported first)."""
     results = []
     for per_host, n in itertools.product(hosts, sizes):
+        playing = [s for s in scenarios if n <= SURVIVORS_UP_TO or s not in SURVIVORS]
+        if len(playing) < len(scenarios):
+            left = ", ".join(s for s in scenarios if s not in playing)
+            print(f"{left} at {n:,} ranks: not played (N² requests in all)", file=sys.stderr, flush=True)
         if real:
             server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
             fresh = itertools.count()
@@ -272,9 +308,17 @@ def run(
             def scenario_store(server: TCPStore = server, fresh: itertools.count[int] = fresh) -> Store:
                 return PrefixStore(f"scenario{next(fresh)}/", server)
 
-            results += simulate(n, scenario_store, True, per_host, scenarios, report)
+            news = time_to_know(n, per_host)
+            if report is not None:
+                report(news)
+            played = simulate(n, scenario_store, True, per_host, playing)
+            for result in played:
+                result.news = news.knew if result.scenario in NEWS else None
+                if report is not None:
+                    report(result)
+            results += played
         else:
-            results += simulate(n, HashStore, False, per_host, scenarios, report)
+            results += simulate(n, HashStore, False, per_host, playing, report)
     return results
 
 
@@ -294,43 +338,29 @@ def format_table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: Sequence[Result], path: str) -> None:
-    """Store requests against ranks, per scenario, on log-log axes (needs matplotlib); the dotted
-    line is what startup cost before this design (2N², every rank reading every peer's keys)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    for scenario in SCENARIOS:
-        points = sorted((r.ranks, r.requests) for r in results if r.scenario == scenario and r.served is None)
-        if points:
-            axes.plot(*zip(*points, strict=True), marker="o", label=scenario)
-    sizes = sorted({r.ranks for r in results})
-    axes.plot(sizes, [2 * n * n for n in sizes], linestyle=":", color="grey", label="startup before (2N²)")
-    axes.set(xscale="log", yscale="log", xlabel="ranks", ylabel="store requests, all ranks together")
-    axes.set_title("The control plane's store requests grow linearly with the job")
-    axes.legend(fontsize="small")
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
-
-
-def _streamer(out: IO[str] | None) -> Callable[[Result], None]:
+def _streamer(out: IO[str] | None) -> Callable[[Result | News], None]:
     """A report of each result: a progress line on stderr, and a JSON line in ``out`` (flushed)."""
 
-    def report(result: Result) -> None:
-        print(
-            f"{result.scenario} at {result.ranks:,} ranks, {result.per_host} a host: {result.per_rank:.2f} requests,"
-            f" {result.keys_per_rank:.2f} keys, {result.bytes_per_rank:,.0f} bytes a rank"
-            f" ({'knew' if result.knew else 'NOT KNOWN'}; {result.build_seconds:.0f} + {result.play_seconds:.0f} s,"
-            f" peak {result.peak_mib:,.0f} MiB)",
-            file=sys.stderr,
-            flush=True,
-        )
+    def report(result: Result | News) -> None:
+        if isinstance(result, News):
+            line = (
+                f"news at {result.ranks:,} ranks, {result.per_host} a host: the last of {result.hosts:,} hosts read it"
+                f" {result.knew:.3f} s after the post (half {result.median:.3f} s); idle, the hosts asked"
+                f" {result.wanted:,.0f} requests/s and made {result.served:,.0f}, {result.late:.3f} s late at most"
+            )
+            found: dict[str, Any] = {"news": dataclasses.asdict(result)}
+        else:
+            line = (
+                f"{result.scenario} at {result.ranks:,} ranks, {result.per_host} a host:"
+                f" {result.per_rank:.2f} requests, {result.keys_per_rank:.2f} keys,"
+                f" {result.bytes_per_rank:,.0f} bytes a rank"
+                f" ({'knew' if result.knew else 'NOT KNOWN'}; {result.build_seconds:.0f} + {result.play_seconds:.0f} s,"
+                f" peak {result.peak_mib:,.0f} MiB)"
+            )
+            found = {**dataclasses.asdict(result), "knows_within": result.knows_within}
+        print(line, file=sys.stderr, flush=True)
         if out is not None:
-            out.write(json.dumps({**dataclasses.asdict(result), "knows_within": result.knows_within}) + "\n")
+            out.write(json.dumps(found) + "\n")
             out.flush()
 
     return report
@@ -343,7 +373,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS), metavar="SCENARIO")
     parser.add_argument("--json", metavar="PATH", help="one JSON line per result, written as it comes")
     parser.add_argument("--real-store", action="store_true", help="against a TCPStore server (times reported)")
+    parser.add_argument(
+        "--store-capacity", action="store_true", help="only: the requests a second one TCPStore serves here"
+    )
+    parser.add_argument("--news", action="store_true", help="only: news timed against a TCPStore at each size")
     args = parser.parse_args(argv)
+    if args.news:
+        with contextlib.ExitStack() as stack:
+            report = _streamer(stack.enter_context(open(args.json, "w")) if args.json else None)
+            for per_host, n in itertools.product(args.hosts, args.ranks):
+                report(time_to_know(n, per_host))
+        return 0
+    if args.store_capacity:
+        rates = sorted(capacity() for _ in range(3))
+        print(f"one TCPStore served {rates[1]:,.0f} requests/s (of 3 runs: {rates[0]:,.0f} to {rates[2]:,.0f})")
+        return 0
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(open(args.json, "w")) if args.json else None
         results = run(args.ranks, args.real_store, args.hosts, args.scenarios, _streamer(out))

@@ -4,16 +4,25 @@ simulation's clock), and whether every rank found out what it had to."""
 
 from __future__ import annotations
 
+import gc
 import heapq
-import subprocess
+import inspect
+import os
+import pickle
+import resource
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from types import SimpleNamespace
+from typing import Any
 
+import torch
 from torch._C._distributed_c10d import Store
 
 from benchmarks.control_plane import Clock, CountingStore, Result, news_delay, ranks
+from benchmarks.control_virtual import Processes, timed_by
 from communicator.control.plane import Control
 from communicator.control.polls import Poll, backoff
+from communicator.control.stalls import JUDGE_AFTER_SECONDS, PROBES_PER_BEAT, WATCH_SECONDS, Stall
 from communicator.control.waiting import FIRST_SLICE_SECONDS
 from communicator.errors import (
     CollectiveMismatchError,
@@ -22,11 +31,17 @@ from communicator.errors import (
     RemoteError,
     RevokedError,
 )
+from communicator.guard import Spec
 
-__all__ = ["WAIT_SECONDS", "scenario"]
+__all__ = ["WAIT_SECONDS", "forked", "scenario"]
 
 #: How long the simulated waits last (and the spread of the skewed arrivals), unless asked otherwise.
 WAIT_SECONDS = 10.0
+#: When a rank raised what (simulated seconds from the start of its wait), ``None``: it did not.
+Known = tuple[float, CommError] | None
+#: The collective the waits wait in, and its tensor (one, shared: its shape and dtype are what a status says).
+ALL_REDUCE = Spec("all_reduce", (), False, inspect.Signature(), (0, "tensor"))
+TENSOR = (torch.zeros(1024),)
 #: Groups in which ranks close or fail one after another, the others looking in between.
 WAVES = 10
 
@@ -45,39 +60,55 @@ def _beat(controls: Sequence[Control], at: float) -> None:
         control.world.watcher.beat(at)
 
 
-def _wait(controls: Sequence[Control], seconds: float, clock: Clock) -> bool:
-    """Every rank waits ``seconds`` in the same operation, looking on the real schedule, its
-    watcher beating once a second; whether a verdict reached every rank."""
-    started, wall = time.monotonic(), clock.now
-    stalls = [c.watch.begin(c.rank, "all_reduce", started, 600.0) for c in controls]
-    beat = 0.0
+def _wait(controls: Sequence[Control], seconds: float, clock: Clock) -> tuple[list[Stall], list[Known]]:
+    """Every rank waits at most ``seconds`` in the same operation, looking on the real schedule,
+    its watcher beating every :data:`~communicator.control.stalls.WATCH_SECONDS`, until a look
+    raises: each wait's stall, and what each rank raised (``None``: nothing) when (simulated
+    seconds from the start)."""
+    started = wall = clock.now  # the ranks' monotonic clocks too: nothing counted follows the real one
+    for control in controls:  # in the collective, as its status says
+        calls = control._calls
+        calls.seq, calls.op = calls.seq + 1, ALL_REDUCE.name
+        calls.start(ALL_REDUCE, SimpleNamespace(rank=control.rank, world_size=control.world.world_size), TENSOR, {})
+    stalls = [c.watch.begin(c.rank, ALL_REDUCE.name, started, 600.0) for c in controls]
+    known: list[Known] = [None] * len(controls)
+    waiting, beat = list(range(len(controls))), 0.0
     for at in looks_within(seconds, controls[0].board.log.look_seconds):
         clock.now = wall + at
-        while beat + 1.0 <= at:
-            beat += 1.0
+        while beat + WATCH_SECONDS <= at:
+            beat += WATCH_SECONDS
             _beat(controls, started + beat)
-        for control, stall in zip(controls, stalls, strict=True):
-            control.board.check(control.rank, 0, "all_reduce")
-            stall.tick(started + at)
-    return all(stall.verdict is not None for stall in stalls)
+        still = []
+        for index in waiting:
+            control = controls[index]
+            try:
+                control.board.check(control.rank, control._calls.seq, ALL_REDUCE.name)
+                stalls[index].tick(started + at)
+                still.append(index)
+            except CommError as error:
+                known[index] = (at, error)
+        if not (waiting := still):
+            break
+    return stalls, known
 
 
 def _poll(
-    polls: Sequence[tuple[float, Callable[[float], Poll[None]]]], controls: Sequence[Control], clock: Clock
-) -> list[CommError | None]:
+    polls: Sequence[tuple[float, Callable[[float], Poll[Any]]]], controls: Sequence[Control], clock: Clock
+) -> list[Any]:
     """Run the polls side by side, each from its start (seconds from now), on the simulation's
-    clock, the watchers beating once a second; what each ended with (``None``: it returned)."""
-    started, wall = time.monotonic(), clock.now
-    heap = [(at, index, -1) for index, (at, _) in enumerate(polls)]
+    clock, the watchers beating every :data:`~communicator.control.stalls.WATCH_SECONDS`; what
+    each returned, or the ``CommError`` it raised."""
+    started = wall = clock.now  # the ranks' monotonic clocks too: nothing counted follows the real one
+    heap = [(at, index) for index, (at, _) in enumerate(polls)]
     heapq.heapify(heap)
-    running: dict[int, Poll[None]] = {}
-    ended: list[CommError | None] = [None] * len(polls)
+    running: dict[int, Poll[Any]] = {}
+    ended: list[Any] = [None] * len(polls)
     beat = 0.0
     while heap:
-        at, index, _ = heapq.heappop(heap)
+        at, index = heapq.heappop(heap)
         clock.now = wall + at
-        while beat + 1.0 <= at:
-            beat += 1.0
+        while beat + WATCH_SECONDS <= at:
+            beat += WATCH_SECONDS
             _beat(controls, started + beat)
         try:
             if index in running:
@@ -85,11 +116,12 @@ def _poll(
             else:
                 running[index] = polls[index][1](started + at)
                 pause = next(running[index])
-            heapq.heappush(heap, (at + pause, index, 0))
-        except StopIteration:
-            running.pop(index)
+            heapq.heappush(heap, (at + pause, index))
+        except StopIteration as done:
+            running.pop(index, None)
+            ended[index] = done.value
         except CommError as error:
-            running.pop(index)
+            running.pop(index, None)
             ended[index] = error
     return ended
 
@@ -145,14 +177,14 @@ def _skewed_refusals(controls: Sequence[Control], seconds: float, clock: Clock) 
         return poll
 
     starts = [(seconds * i / max(n - 1, 1), refuse_then_settle(c)) for i, c in enumerate(controls)]
-    return not any(_poll(starts, controls, clock))
+    return not any(isinstance(e, CommError) for e in _poll(starts, controls, clock))
 
 
 def _main_first(controls: Sequence[Control], seconds: float, clock: Clock) -> bool:
     """``main_process_first``: the others wait in its barrier while rank 0 runs the block
     (``seconds``); whether every rank went through."""
     starts = [(seconds if c.rank == 0 else 0.0, lambda now, c=c: c.barrier_poll(600.0, now)) for c in controls]
-    return not any(_poll(starts, controls, clock))
+    return not any(isinstance(e, CommError) for e in _poll(starts, controls, clock))
 
 
 def _waves(controls: Sequence[Control], leave: Callable[[Control], None], look: int, clock: Clock) -> bool:
@@ -173,68 +205,177 @@ def _waves(controls: Sequence[Control], leave: Callable[[Control], None], look: 
     return all(outcomes) if look == 2 else not any(outcomes)
 
 
-def _lost(controls: Sequence[Control], clock: Clock) -> bool:
-    """The last rank's process exits: the ranks of its host find its process id gone at their next
-    look and one of them posts it; every other rank reads it. A host of one rank has no neighbour
-    to see it: there the stall judge's probe finds it, which posts the same record."""
-    n, last = len(controls), controls[-1]
-    if last.world.local_size < 2:
-        posted = lambda: controls[0].board.post_lost(0, n - 1, "its process has exited")  # noqa: E731 - as the judge
-        return _spread(controls[:-1], posted, PeerLostError, clock)
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    for control in controls[:-1]:
-        known = control.world.hosts._local
-        if known is not None and n - 1 in known:
-            known[n - 1] = dead.pid  # as its process is gone, so is this process id
-    host = last.world.hosts.host  # its host's ranks look first: one of them finds it and posts it
-    here = [c for c in controls[:-1] if c.world.hosts.host == host]
-    there = [c for c in controls[:-1] if c.world.hosts.host != host]
-    if not _spread([last, *here], lambda: None, PeerLostError, clock):
-        return False
-    return _spread([last, *there], lambda: None, PeerLostError, clock)
+def _lost(controls: Sequence[Control], processes: Processes, clock: Clock) -> tuple[bool, float, float]:
+    """Every rank waits in a collective that the last rank's process never joins: it exited. The
+    ranks of its host find its process id gone at their next look and one of them posts it; a
+    host of one rank has no neighbour to see it: there the stall judge's probes find it, a few
+    members a beat. Whether every other rank raised ``PeerLostError``, when the first and the last did."""
+    n = len(controls)
+    processes.exit(controls[-1].rank)
+    longest = JUDGE_AFTER_SECONDS + n / PROBES_PER_BEAT + WAIT_SECONDS  # the judge probes every member
+    _, known = _wait(controls[:-1], longest, clock)
+    knew = all(k is not None and isinstance(k[1], PeerLostError) for k in known)
+    times = [k[0] for k in known if k is not None] or [longest]
+    return knew, min(times), max(times)
+
+
+def _survivors(name: str, controls: Sequence[Control], processes: Processes, clock: Clock) -> Callable[[], bool]:
+    """After the last rank was lost and every other rank heard of it (not counted), how the
+    survivors call ``agree(True)`` or ``shrink()`` together: whether each got the same answer
+    (true; the survivors, in order)."""
+    knew, _, _ = _lost(controls, processes, clock)
+    assert knew, "the survivors did not hear of the lost rank"
+    survivors = controls[:-1]
+
+    def play() -> bool:
+        if name == "agree":
+            polls = [(0.0, lambda now, c=c: c.survivors.agreeing(True, 600.0, now)) for c in survivors]
+            return all(found is True for found in _poll(polls, survivors, clock))
+        polls = [(0.0, lambda now, c=c: c.survivors.shrinking(600.0, 600.0, now)) for c in survivors]
+        formed = (0, list(range(len(survivors))))
+        return all(found == formed for found in _poll(polls, survivors, clock))
+
+    return play
 
 
 def scenario(
     name: str, n: int, make_store: Callable[[], Store], real: bool, per_host: int, seconds: float = WAIT_SECONDS
 ) -> Result:
     """Scenario ``name`` at ``n`` virtual ranks, ``per_host`` to a host; its waits last ``seconds``."""
-    counting, clock = CountingStore(make_store()), Clock()
-    stall_seconds = 4.0 if name == "stall" else 600.0
-    building = time.perf_counter()
-    controls = ranks(counting, n, stall_seconds, clock, per_host)
-    built = time.perf_counter()
-    try:
-        result = _play(name, controls, counting, clock, real, seconds)
-    finally:
-        for control in controls:
-            if control.world.relay is not None:
-                control.world.relay.remove()
+    counting, clock, processes = CountingStore(make_store(), real), Clock(), Processes()
+    with processes.installed(), timed_by(clock):
+        building = time.perf_counter()
+        controls = ranks(counting, n, _stall_seconds(name), clock, processes, per_host)
+        built = time.perf_counter()
+        try:
+            result = _play(name, controls, counting, clock, processes, real, seconds)
+        finally:
+            _remove_files(controls)
     result.build_seconds, result.play_seconds = built - building, time.perf_counter() - built
     return result
 
 
+def forked(
+    names: Sequence[str], n: int, make_store: Callable[[], Store], per_host: int, seconds: float = WAIT_SECONDS
+) -> Iterator[Result]:
+    """The scenarios ``names`` against a counting store in this process, their ranks made once
+    (twice with ``stall``, whose threshold differs) and each scenario played in a child process
+    that starts from them (``fork``: the same objects and store, copied as the child writes them);
+    ``peak_mib`` is then what the parent and the child hold together at the child's end."""
+    for stall_seconds in sorted({_stall_seconds(name) for name in names}):
+        group = [name for name in names if _stall_seconds(name) == stall_seconds]
+        yield from _made_once(group, n, make_store, per_host, stall_seconds, seconds)
+
+
+def _made_once(
+    names: Sequence[str], n: int, make_store: Callable[[], Store], per_host: int, stall_seconds: float, seconds: float
+) -> Iterator[Result]:
+    counting, clock, processes = CountingStore(make_store()), Clock(), Processes()
+    with processes.installed(), timed_by(clock):
+        building = time.perf_counter()
+        controls = ranks(counting, n, stall_seconds, clock, processes, per_host)
+        built = time.perf_counter() - building
+        gc.collect()
+        gc.freeze()  # a child's collections would copy every object it never writes
+        try:
+            for name in names:
+
+                def play(name: str = name) -> Result:
+                    try:
+                        return _play(name, controls, counting, clock, processes, False, seconds)
+                    finally:
+                        _remove_files(controls)  # made at the first look: the next child makes its own
+
+                result = _in_child(play)
+                result.build_seconds = built
+                yield result
+        finally:
+            gc.unfreeze()
+
+
+def _in_child(play: Callable[[], Result]) -> Result:
+    """``play()`` in a child process; its result, with the memory both processes hold at its end."""
+    readable, writable = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never back into the caller's code
+        status = 1
+        try:
+            os.close(readable)
+            started = time.perf_counter()
+            played = play()
+            played.play_seconds = time.perf_counter() - started
+            played.peak_mib = _private_mib()
+            with os.fdopen(writable, "wb") as out:
+                pickle.dump(played, out)
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(writable)
+    with os.fdopen(readable, "rb") as found:
+        data = found.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or not data:
+        raise RuntimeError(f"the scenario's process ended with status {status}")
+    result: Result = pickle.loads(data)
+    result.peak_mib += resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return result
+
+
+def _private_mib() -> float:
+    """This process's own memory (not shared with its parent), in MiB."""
+    with open("/proc/self/smaps_rollup") as rollup:
+        fields = dict(line.split(":", 1) for line in rollup if ":" in line)
+    return sum(int(fields.get(f, "0 kB").split()[0]) for f in ("Private_Clean", "Private_Dirty")) / 1024
+
+
+def _stall_seconds(name: str) -> float:
+    return 4.0 if name == "stall" else 600.0
+
+
+def _remove_files(controls: Sequence[Control]) -> None:
+    """The hosts' relays and their files beside them, as the ranks' worlds stop."""
+    for control in controls:
+        world = control.world
+        if world.neighbours is not None:
+            world.neighbours.forget(world.world_rank)
+        if world.relay is not None:
+            world.relay.remove()
+
+
 def _play(
-    name: str, controls: Sequence[Control], counting: CountingStore, clock: Clock, real: bool, waits: float
+    name: str,
+    controls: Sequence[Control],
+    counting: CountingStore,
+    clock: Clock,
+    processes: Processes,
+    real: bool,
+    waits: float,
 ) -> Result:
-    n, first = len(controls), controls[0]
-    for control in controls:  # the first look
+    n, first, started = len(controls), controls[0], clock.now
+    for control in controls:  # the first look, as the watcher's thread starts: no heartbeat is due
+        control.world.watcher._written = ("", started)
         control.board.check(control.rank, 0, "startup")
-    before, seconds, knew = counting.tally(), 0.0, True
+    survivors = _survivors(name, controls, processes, clock) if name in ("agree", "shrink") else None
+    before, seconds, knew, found, after = counting.tally(), 0.0, True, 0.0, None
+    delay = news_delay(first.world.local_size)  # a record is read within it (see _spread)
     if name == "startup":
         before = (0, 0, 0, 0.0)
     elif name in ("idle wait", "stall"):
         seconds = waits
-        knew = _wait(controls, waits, clock) or name == "idle wait"
+        stalls, _ = _wait(controls, waits, clock)
+        knew = name == "idle wait" or all(stall.verdict is not None for stall in stalls)
     elif name == "failure":
-        knew = _spread(controls, lambda: first.failed(RuntimeError("boom"), "step"), RemoteError, clock)
+        knew, after = _spread(controls, lambda: first.failed(RuntimeError("boom"), "step"), RemoteError, clock), delay
     elif name == "mismatch":
         error = CollectiveMismatchError({0: "in all_reduce #1", 1: "in broadcast #1"}, "different collectives")
-        knew = _spread(controls, lambda: first.board.post_mismatch(0, error), CollectiveMismatchError, clock)
+        post = lambda: first.board.post_mismatch(0, error)  # noqa: E731
+        knew, after = _spread(controls, post, CollectiveMismatchError, clock), delay
     elif name == "revoke":
-        knew = _spread(controls, lambda: first.board.post_revoke(0), RevokedError, clock)
+        knew, after = _spread(controls, lambda: first.board.post_revoke(0), RevokedError, clock), delay
     elif name == "lost peer":
-        knew = _lost(controls, clock)
+        knew, found, after = _lost(controls, processes, clock)
+    elif survivors is not None:
+        knew = survivors()
     elif name in ("refusal", "refused everywhere"):
         knew = _refuse(controls if name == "refused everywhere" else controls[:1], controls, clock)
     elif name == "refusals 10 s apart":
@@ -251,4 +392,6 @@ def _play(
         raise ValueError(f"no scenario {name!r}")
     requests, keys, sent, busy = (now - then for now, then in zip(counting.tally(), before, strict=True))
     served = busy if real else None
-    return Result(name, n, int(requests), seconds, knew, served, int(keys), int(sent), first.world.local_size)
+    result = Result(name, n, int(requests), seconds, knew, served, int(keys), int(sent), first.world.local_size)
+    result.found_after, result.knew_after = found, after
+    return result

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 from communicator.control.board import FailureBoard, Pacer
 from communicator.control.log import StoreHandle, guarded_store
+from communicator.control.polls import Poll, drive
 from communicator.control.ranks import listed
 from communicator.errors import CommError, ExcludedError
 
@@ -65,8 +66,9 @@ class Survivors:
         mine: str,
         limit: float,
         propose: Callable[[set[int]], str],
+        now: float,
         candidates: set[int] | None = None,
-    ) -> str:
+    ) -> Poll[str]:
         """Add ``mine`` to key ``entries``; return the outcome fixed under key ``outcome``, chosen
         among ``candidates`` (default: every member)."""
         store = self._store
@@ -76,21 +78,25 @@ class Survivors:
         if fixed:
             return fixed.decode(errors="replace")
         guarded_store(lambda: store.append(entries, mine))
-        deadline, pause = time.monotonic() + limit, Pacer(store)
+        deadline, pause = now + limit, Pacer(store, now=now)
         while True:
             fixed, text, events = guarded_store(lambda: store.multi_get([outcome, entries, "events"]))
             if fixed:
                 return fixed.decode(errors="replace")
             present = self._ranks(text) & everyone
             missing = everyone - present
-            if not missing - self._gone(missing, events) or time.monotonic() > deadline:
+            if not missing - self._gone(missing, events) or now > deadline:
                 joined = present - self._gone(present - {self._rank})
                 chosen = propose(joined)
                 return store.compare_set(outcome, "", chosen).decode(errors="replace")
-            time.sleep(min(pause(), max(deadline - time.monotonic(), 0.001)))
+            now = yield min(pause(now), max(deadline - now, 0.001))
 
     def agree(self, flag: bool, limit: float) -> bool:
         """The logical AND of ``flag`` over the members that took part (see the module docstring)."""
+        return drive(self.agreeing(flag, limit, time.monotonic()))
+
+    def agreeing(self, flag: bool, limit: float, now: float) -> Poll[bool]:
+        """:meth:`agree` as a poll (see :mod:`communicator.control.polls`)."""
         self._agreements += 1
         key = f"{self._prefix}agree{self._agreements}"
         entries = f"{key}/votes"
@@ -100,30 +106,38 @@ class Survivors:
             votes = dict(entry.partition(":")[::2] for entry in text.split(";") if entry)
             return "1" if all(votes.get(str(r)) == "1" for r in joined) else "0"
 
-        return self._settle(entries, f"{key}/result", f"{self._rank}:{int(flag)};", limit, propose) == "1"
+        mine = f"{self._rank}:{int(flag)};"
+        return (yield from self._settle(entries, f"{key}/result", mine, limit, propose, now)) == "1"
 
     def shrink(self, limit: float, patience: float) -> tuple[int, list[int]]:
         """The round that formed and the members (local ranks, in order) of the shrunk
         communicator, once every one of them is ready; ``ExcludedError`` for a rank left out.
         Members are waited for ``limit`` seconds; the chosen ones get ready by then, or within
         :data:`READY_SECONDS` (``patience``, if shorter) of the choice."""
-        deadline = time.monotonic() + limit
+        return drive(self.shrinking(limit, patience, time.monotonic()))
+
+    def shrinking(self, limit: float, patience: float, now: float) -> Poll[tuple[int, list[int]]]:
+        """:meth:`shrink` as a poll (see :mod:`communicator.control.polls`)."""
+        deadline = now + limit
         store, round_key = self._store, self._round_key
         while True:
             number = guarded_store(lambda: store.add(round_key, 0))
             key = f"{self._prefix}shrink{number}"
             candidates = self._candidates(number)
-            left = max(deadline - time.monotonic(), 0.0 if candidates is None else min(READY_SECONDS, patience))
-            settled = self._settle(f"{key}/joined", f"{key}/members", f"{self._rank};", left, _listed, candidates)
+            left = max(deadline - now, 0.0 if candidates is None else min(READY_SECONDS, patience))
+            joined, members = f"{key}/joined", f"{key}/members"
+            settled = yield from self._settle(joined, members, f"{self._rank};", left, _listed, now, candidates)
+            now = yield 0.0  # the time it goes on at
             chosen = sorted(self._ranks(settled.encode()))
             if self._rank not in chosen:
                 raise ExcludedError(
                     f"shrink() on rank {self._rank}: the survivors formed their communicator without this rank "
                     "(it did not call shrink() in time, was not ready in time, or was found gone)"
                 )
-            ready_by = max(deadline, time.monotonic() + min(READY_SECONDS, patience))
-            if self._ready(key, number, set(chosen), ready_by):
+            ready_by = max(deadline, now + min(READY_SECONDS, patience))
+            if (yield from self._ready(key, number, set(chosen), ready_by, now)):
                 return number, chosen
+            now = yield 0.0
 
     def _candidates(self, number: int) -> set[int] | None:
         """Who round ``number`` chooses among: every member in the first round; after a round
@@ -142,13 +156,13 @@ class Survivors:
         """Round ``number`` could not form its communicator: the next ``shrink()`` chooses again."""
         guarded_store(lambda: self._store.compare_set(self._round_key, str(number), str(number + 1)))
 
-    def _ready(self, key: str, number: int, chosen: set[int], deadline: float) -> bool:
+    def _ready(self, key: str, number: int, chosen: set[int], deadline: float, now: float) -> Poll[bool]:
         """Wait until every chosen member is ready; ``False`` when one died first, or was not
         ready by ``deadline`` (next round, without it). The store's handle raises ``PeerLostError``
         for a store that is gone, as each request here does."""
         store = self._store
         guarded_store(lambda: store.append(f"{key}/ready", f"{self._rank};"))
-        pause = Pacer(store)
+        pause = Pacer(store, now=now)
         while True:
             round_now, ready_text, events = store.multi_get([self._round_key, f"{key}/ready", "events"])
             if round_now != str(number).encode():  # given up (a member was late or died), ready or not
@@ -159,12 +173,12 @@ class Survivors:
             if self._gone(chosen - ready, events):
                 self.abandon(number)
                 return False
-            if time.monotonic() > deadline:
+            if now > deadline:
                 late = "".join(f"{r};" for r in sorted(chosen - ready))
                 store.compare_set(f"{key}/late", "", late)  # the first to see them late names them for all
                 self.abandon(number)
                 return False
-            time.sleep(pause())
+            now = yield pause(now)
 
 
 def _listed(ranks: set[int]) -> str:

@@ -13,6 +13,8 @@ from torch._C._distributed_c10d import HashStore
 
 import communicator.control.relay as relay
 from benchmarks.control_plane import SCENARIOS, Clock, Result, ranks, simulate
+from benchmarks.control_virtual import Processes
+from communicator.control.plane import Control
 
 # Thousands of virtual ranks in one process: minutes on a loaded 2-core machine
 pytestmark = pytest.mark.timeout(1200)
@@ -23,13 +25,25 @@ GROWTH = 16 * 1.25
 AT_TEN_THOUSAND = ("failure", "refused everywhere", "closing")
 #: The scenarios in which ranks wait (for the simulated seconds, or arriving over them).
 WAITS = ("idle wait", "stall", "refusals 10 s apart", "main_process_first")
+#: The survivors' protocols: each rank checks the liveness of every member missing at its look,
+#: one request per member it has not looked up yet, and reads every member's entry at each look,
+#: so their cost per rank grows with the job (a quadratic whole). Compared at 8 and 128 ranks:
+#: at 1,024 they take minutes on 2 cores.
+SURVIVORS = ("agree", "shrink")
 
 
 @functools.cache
 def _simulated() -> dict[int, dict[str, Result]]:
     """Once per process: a module-scoped fixture is made again whenever a worker runs another
-    file's test between this file's, and each making takes a minute on 2 cores."""
-    return {n: {r.scenario: r for r in simulate(n, HashStore)} for n in (64, 1024)}
+    file's test between this file's."""
+    linear = [s for s in SCENARIOS if s not in SURVIVORS]
+    found = {n: {r.scenario: r for r in simulate(n, HashStore, scenarios=linear)} for n in (64, 1024)}
+    return found | {n: {r.scenario: r for r in simulate(n, HashStore, scenarios=SURVIVORS)} for n in (8, 128)}
+
+
+def _sizes(scenario: str) -> tuple[int, int]:
+    """The two sizes a scenario is compared at, 16 times apart."""
+    return (8, 128) if scenario in SURVIVORS else (64, 1024)
 
 
 @pytest.fixture
@@ -37,14 +51,27 @@ def counts() -> dict[int, dict[str, Result]]:
     return _simulated()
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        pytest.param(s, marks=pytest.mark.xfail(strict=True, reason="liveness of every missing member: O(N) a rank"))
+        if s in SURVIVORS
+        else s
+        for s in SCENARIOS
+    ],
+)
 def test_requests_keys_and_bytes_grow_linearly_and_stay_flat_per_rank(counts, scenario: str) -> None:
-    small, large = counts[64][scenario], counts[1024][scenario]
+    small, large = (counts[n][scenario] for n in _sizes(scenario))
     assert small.knew and large.knew  # every rank found out what it had to
     for measure in ("requests", "keys", "bytes"):
         assert getattr(large, measure) <= getattr(small, measure) * GROWTH, measure
     assert large.per_rank <= small.per_rank * 1.25
     assert large.rate <= small.rate * 1.25
+
+
+@pytest.mark.parametrize("n", [8, 128])
+def test_the_survivors_of_a_lost_rank_agree_and_shrink_to_themselves(counts, n: int) -> None:
+    assert all(counts[n][scenario].knew for scenario in SURVIVORS)
 
 
 def test_news_costs_a_few_requests_and_bytes_per_rank(counts) -> None:
@@ -79,6 +106,7 @@ def _waits(per_host: int, seconds: float) -> dict[str, Result]:
     return {r.scenario: r for r in simulate(64, HashStore, per_host=per_host, scenarios=WAITS, seconds=seconds)}
 
 
+@pytest.mark.timeout(600)  # about a minute alone on 2 cores
 def test_ten_thousand_ranks_cost_what_a_thousand_do_per_rank(counts) -> None:
     large = {r.scenario: r for r in simulate(10_000, HashStore, scenarios=AT_TEN_THOUSAND)}
     for scenario in AT_TEN_THOUSAND:
@@ -101,8 +129,12 @@ def test_what_a_scenario_counts_follows_the_simulated_clock_alone(monkeypatch: p
 
 
 def test_a_judge_serves_while_it_waits_and_is_replaced_once_it_stops() -> None:
-    wall = Clock()  # the terms follow the wall clock, which every process shares
-    controls = ranks(HashStore(), 4, 600.0, wall)
+    wall, processes = Clock(), Processes()  # the terms follow the wall clock, which every process shares
+    with processes.installed():
+        _judges_take_over(wall, ranks(HashStore(), 4, 600.0, wall, processes))
+
+
+def _judges_take_over(wall: Clock, controls: list[Control]) -> None:
     started, begun = 0.0, wall.now
     waits = [c.watch.begin(c.rank, "all_reduce", started, 600.0) for c in controls]
 
