@@ -15,13 +15,17 @@ stderr, each result streamed (``--json``) as it comes.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import logging
 import resource
+import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -78,9 +82,6 @@ SCENARIOS = (
 )
 #: Scenarios that spread news from one rank to every other.
 NEWS = ("failure", "mismatch", "lost peer", "revoke")
-#: The survivors' protocols, whose requests per rank grow with the job (each rank checks every
-#: member missing at its look, and reads every member's entry): played up to this many ranks.
-SURVIVORS, SURVIVORS_UP_TO = ("agree", "shrink"), 1024
 
 
 def _size(value: Any) -> int:
@@ -227,13 +228,23 @@ class Clock:
 def unswept() -> Iterator[None]:
     """Without the sweep of stale relays that a process makes when it opens or closes its own: N
     virtual ranks would each scan the folder of every host's relay (a cost of each real process
-    alone, on its own host)."""
-    sweep = relay_module._sweep
-    relay_module._sweep = lambda where: None
+    alone, on its own host). The relays and the hosts' status files go to a temporary directory
+    of this simulation's own: the virtual worlds' names repeat from run to run, and two
+    simulations at once (two test runs) would share their files and count each other's."""
+    sweep, tempdir = relay_module._sweep, tempfile.tempdir
+    relay_module._sweep, tempfile.tempdir = (lambda where: None), _own_folder()
     try:
         yield
     finally:
-        relay_module._sweep = sweep
+        relay_module._sweep, tempfile.tempdir = sweep, tempdir
+
+
+@functools.cache
+def _own_folder() -> str:
+    """This process's temporary directory for the virtual hosts' files (removed at its exit)."""
+    folder = tempfile.mkdtemp(prefix="communicator-simulation-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def ranks(
@@ -297,10 +308,6 @@ def run(
     a ``TCPStore`` server, there with the time news takes to reach every host (reported first)."""
     results = []
     for per_host, n in itertools.product(hosts, sizes):
-        playing = [s for s in scenarios if n <= SURVIVORS_UP_TO or s not in SURVIVORS]
-        if len(playing) < len(scenarios):
-            left = ", ".join(s for s in scenarios if s not in playing)
-            print(f"{left} at {n:,} ranks: not played (N² requests in all)", file=sys.stderr, flush=True)
         if real:
             server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
             fresh = itertools.count()
@@ -311,14 +318,14 @@ def run(
             news = time_to_know(n, per_host)
             if report is not None:
                 report(news)
-            played = simulate(n, scenario_store, True, per_host, playing)
+            played = simulate(n, scenario_store, True, per_host, scenarios)
             for result in played:
                 result.news = news.knew if result.scenario in NEWS else None
                 if report is not None:
                     report(result)
             results += played
         else:
-            results += simulate(n, HashStore, False, per_host, playing, report)
+            results += simulate(n, HashStore, False, per_host, scenarios, report)
     return results
 
 

@@ -378,7 +378,7 @@ class FailureBoard:
         """Members on this host whose process is gone and that did not close first: ``rank -> pid``
         (no request once every rank of this host has announced itself; the host's ranks only)."""
         dead = {}
-        for world, pid in self.hosts.local(self._local_size).items():
+        for world, pid in self.hosts.local(self._local_size, self.log.now()).items():
             peer = self.local_rank(world)
             if peer is not None and peer != rank and peer not in self._closed and not alive(pid):
                 dead[peer] = pid

@@ -95,11 +95,12 @@ class Hosts:
             self._probe.close()
             self._probe = None
 
-    def local(self, expected: int) -> dict[int, int]:
+    def local(self, expected: int, now: float | None = None) -> dict[int, int]:
         """The ranks known to run on this host, with their process ids (one request, repeated at
         most every :data:`LOCAL_SECONDS` while fewer than ``expected`` have announced themselves:
-        each look of a wait asks, and a process started late on a loaded host may take seconds)."""
-        now = time.monotonic()
+        each look of a wait asks, and a process started late on a loaded host may take seconds);
+        ``now``: the caller's clock, if it has one."""
+        now = time.monotonic() if now is None else now
         if self._local is None or (len(self._local) < expected and now - self._local_read >= LOCAL_SECONDS):
             self._local_read = now
             key = f"host/{self.host}"

@@ -154,6 +154,10 @@ class EventLog:
         self._missing_since: float | None = None
         self._share, self._filled = SHARE_BURST, clock()  # reads it may make for its host, as of when
 
+    def now(self) -> float:
+        """The log's clock (the monotonic one, or a simulation's)."""
+        return self._clock()
+
     def post(self, record: Record) -> None:
         """Append ``record`` for every rank; never raises (the store may be gone, and the error
         being reported matters more)."""

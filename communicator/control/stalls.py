@@ -209,7 +209,7 @@ class Watcher:
         if settled or now - self._kept >= KEEP_SECONDS:
             self._kept = now
             self._covered = self.neighbours.keep(self.world_rank, json.dumps(status))
-        statuses = self.neighbours.beat(self.heartbeat, lambda: self.hosts.local(self._local_size))
+        statuses = self.neighbours.beat(self.heartbeat, lambda: self.hosts.local(self._local_size, now))
         if statuses:
             self.board.publish_host(statuses)
         return self._covered and statuses is not None

@@ -8,8 +8,11 @@ reported lost), or the timeout passed. The first caller to get there proposes th
 so all survivors get the same answer even when a member dies during the call (its entry counts
 if the proposal saw it). A member that is alive but never calls is left out once the timeout
 passes; one that calls after the outcome was fixed reads it. Each look is one request (the
-outcome, the entries and the log's count; the log is read when its count moved), at the pace of
-:class:`~communicator.control.polls.Pacer`: about one store request a second once a wait lasts.
+outcome, a count of the entries and the log's count; the log is read when its count moved), at
+the pace of :class:`~communicator.control.polls.Pacer`: about one store request a second once a
+wait lasts. The entries themselves are read only when at most :data:`PROBED` members can still be
+missing without having been reported lost, and only those are looked for (their process ids, or
+probes): a look costs the same bytes and requests at any number of members.
 
 A shrink has a second step: before the new group forms, every chosen member says it is ready.
 A chosen member that dies before that, or is not ready by the shrink's timeout (given at least
@@ -27,13 +30,16 @@ from collections.abc import Callable
 from communicator.control.board import FailureBoard, Pacer
 from communicator.control.log import StoreHandle, guarded_store
 from communicator.control.polls import Poll, drive
-from communicator.control.ranks import listed
+from communicator.control.ranks import listed, spans_text
 from communicator.errors import CommError, ExcludedError
 
 __all__ = ["READY_SECONDS", "Survivors"]
 
 #: How long the chosen members of a shrink have to get ready at least, whatever the timeout left.
 READY_SECONDS = 5.0
+#: How many members may still be missing, not reported lost, for a look to read which they are and
+#: look for their processes (members that died are otherwise found by the watchers, which post them).
+PROBED = 4
 
 
 class Survivors:
@@ -50,14 +56,37 @@ class Survivors:
         """The members named by entries ``rank;`` or ``rank:value;`` (others are skipped)."""
         return listed(text.decode(errors="replace"), self._size, ";")
 
-    def _gone(self, ranks: set[int], events: bytes | None = None) -> set[int]:
-        """Those of ``ranks`` (local) whose process is gone: reported lost (the log read when its
-        count ``events``, as the store holds it, moved), or found so here."""
+    def _chosen(self, text: str) -> set[int]:
+        """The members of a shrink's outcome, written as spans (``"0-6,8-15"``: the outcome every
+        member reads costs bytes by the gaps in it, not by the members); others are skipped."""
+        found: set[int] = set()
+        for part in text.split(","):
+            first, _, last = part.partition("-")
+            last = last or first
+            if first.isdigit() and last.isdigit() and len(first) < 10 and len(last) < 10:
+                found.update(range(int(first), min(int(last), self._size - 1) + 1))
+        return found
+
+    def _lost(self, events: bytes | None = None) -> set[int]:
+        """The members (local) reported lost; the log is read when its count ``events``, as the
+        store holds it, moved."""
         board = self._board
         board.refresh(look=not events or not events.isdigit() or board.log.behind(int(events)))
-        lost = set(board.lost())
-        hosts, members = self._board.hosts, self._board.members
-        return {r for r in ranks if r in lost or hosts.gone(members[r])}
+        return set(board.lost())
+
+    def _found_gone(self, rank: int) -> bool:
+        """Whether ``rank``'s process is found gone here (a process id, or a probe)."""
+        return bool(self._board.hosts.gone(self._board.members[rank]))
+
+    def _gone(self, ranks: set[int]) -> set[int]:
+        """Those of ``ranks`` (local) whose process is gone: reported lost, or found so here."""
+        lost = self._lost()
+        return {r for r in ranks if r in lost or self._found_gone(r)}
+
+    def _waiting_on_none(self, missing: set[int]) -> bool:
+        """Whether none of ``missing`` (not reported lost) is worth waiting for: at most
+        :data:`PROBED` of them, each found gone (the first one alive ends the search)."""
+        return len(missing) <= PROBED and all(self._found_gone(r) for r in sorted(missing))
 
     def _settle(
         self,
@@ -78,17 +107,21 @@ class Survivors:
         if fixed:
             return fixed.decode(errors="replace")
         guarded_store(lambda: store.append(entries, mine))
+        count = f"{entries}/count"
+        guarded_store(lambda: store.add(count, 1))
         deadline, pause = now + limit, Pacer(store, now=now)
         while True:
-            fixed, text, events = guarded_store(lambda: store.multi_get([outcome, entries, "events"]))
+            fixed, counted, events = guarded_store(lambda: store.multi_get([outcome, count, "events"]))
             if fixed:
                 return fixed.decode(errors="replace")
-            present = self._ranks(text) & everyone
-            missing = everyone - present
-            if not missing - self._gone(missing, events) or now > deadline:
-                joined = present - self._gone(present - {self._rank})
-                chosen = propose(joined)
-                return store.compare_set(outcome, "", chosen).decode(errors="replace")
+            lost, late = self._lost(events) & everyone, now > deadline
+            # Who is missing is read only when few can be: a look costs O(1) bytes, not O(members).
+            if late or int(counted or b"0") + len(lost) + PROBED >= len(everyone):
+                present = self._ranks(guarded_store(lambda: store.get(entries))) & everyone
+                if late or self._waiting_on_none(everyone - present - lost):
+                    joined = present - self._gone(present - {self._rank})
+                    chosen = propose(joined)
+                    return store.compare_set(outcome, "", chosen).decode(errors="replace")
             now = yield min(pause(now), max(deadline - now, 0.001))
 
     def agree(self, flag: bool, limit: float) -> bool:
@@ -128,7 +161,7 @@ class Survivors:
             joined, members = f"{key}/joined", f"{key}/members"
             settled = yield from self._settle(joined, members, f"{self._rank};", left, _listed, now, candidates)
             now = yield 0.0  # the time it goes on at
-            chosen = sorted(self._ranks(settled.encode()))
+            chosen = sorted(self._chosen(settled))
             if self._rank not in chosen:
                 raise ExcludedError(
                     f"shrink() on rank {self._rank}: the survivors formed their communicator without this rank "
@@ -150,7 +183,7 @@ class Survivors:
         if not chosen:  # none, or none proposed yet
             return None
         late = guarded_store(lambda: self._store.peek(f"{before}/late"))
-        return self._ranks(chosen) - self._ranks(late or b"")
+        return self._chosen(chosen.decode(errors="replace")) - self._ranks(late or b"")
 
     def abandon(self, number: int) -> None:
         """Round ``number`` could not form its communicator: the next ``shrink()`` chooses again."""
@@ -162,29 +195,35 @@ class Survivors:
         for a store that is gone, as each request here does."""
         store = self._store
         guarded_store(lambda: store.append(f"{key}/ready", f"{self._rank};"))
+        count = f"{key}/ready/count"
+        guarded_store(lambda: store.add(count, 1))
         pause = Pacer(store, now=now)
         while True:
-            round_now, ready_text, events = store.multi_get([self._round_key, f"{key}/ready", "events"])
+            round_now, counted, events = store.multi_get([self._round_key, count, "events"])
             if round_now != str(number).encode():  # given up (a member was late or died), ready or not
                 return False
-            ready = self._ranks(ready_text)
-            if chosen <= ready:
+            if int(counted or b"0") >= len(chosen):
                 return True
-            if self._gone(chosen - ready, events):
-                self.abandon(number)
-                return False
-            if now > deadline:
-                late = "".join(f"{r};" for r in sorted(chosen - ready))
-                store.compare_set(f"{key}/late", "", late)  # the first to see them late names them for all
-                self.abandon(number)
-                return False
+            lost, late = self._lost(events) & chosen, now > deadline
+            if lost or late or int(counted or b"0") + PROBED >= len(chosen):  # which are not ready?
+                waiting = chosen - self._ranks(store.get(f"{key}/ready"))
+                if not waiting:
+                    return True
+                if waiting & lost or (len(waiting) <= PROBED and any(self._found_gone(r) for r in sorted(waiting))):
+                    self.abandon(number)
+                    return False
+                if late:
+                    named = "".join(f"{r};" for r in sorted(waiting))
+                    store.compare_set(f"{key}/late", "", named)  # the first to see them late names them for all
+                    self.abandon(number)
+                    return False
             now = yield pause(now)
 
 
 def _listed(ranks: set[int]) -> str:
     if not ranks:
         raise CommError("shrink(): no member is left")
-    return "".join(f"{r};" for r in sorted(ranks))
+    return spans_text(sorted(ranks))
 
 
 def _made(store: StoreHandle, key: str) -> bytes:

@@ -145,22 +145,24 @@ def test_a_key_space_left_by_a_job_that_died_while_starting_is_taken_over(server
 # -- 4: records that are not records, counters that are not counts --------------------------------
 
 
-def forged_records(comm: Communicator) -> dict[str, Any]:
+def forged_records(comm: Communicator, marker: str) -> dict[str, Any]:
     lines = _warnings()
     store = comm._control.world.store  # type: ignore[attr-defined]
+    if comm.rank == 0:
+        logging.getLogger("communicator").addHandler(_Touch(marker, "ignored"))
     comm.barrier()
     if comm.rank == 1:
         for value in ("not json at all", '{"kind": "fail",\n"board": ""}', "[1, 2]", '{"kind": "fail", "board": ""}'):
             store.set(f"event/{store.add('events', 1)}", value)
-        time.sleep(0.5)  # rank 0 waits in the all_reduce meanwhile, and reads them
+        _wait_for(marker)  # rank 0 waits in the all_reduce meanwhile, and reads them
     total = comm.all_reduce(torch.ones(1)).item()
     comm.barrier()
     return {"sum": total, "warned": [line for line in lines if "ignored" in line]}
 
 
 @pytest.mark.timeout(TIMEOUT)
-def test_records_that_are_not_one_json_object_on_one_line_are_skipped_with_a_warning() -> None:
-    results = run_ranks(forged_records, 2, cfg=CFG, timeout=60)
+def test_records_that_are_not_one_json_object_on_one_line_are_skipped_with_a_warning(tmp_path) -> None:
+    results = run_ranks(forged_records, 2, str(tmp_path / "warned"), cfg=CFG, timeout=60)
     assert [r["sum"] for r in results] == [2.0, 2.0]
     assert results[0]["warned"], results  # no JSONDecodeError, no KeyError: skipped, and said so
 
@@ -199,32 +201,36 @@ def test_the_store_command_listens_on_loopback_unless_told_otherwise() -> None:
 
 
 class _Touch(logging.Handler):
-    """Makes the file ``marker`` at the first warning that names the secret's variable."""
+    """Makes the file ``marker`` at the first warning that holds ``needle``."""
 
-    def __init__(self, marker: str) -> None:
+    def __init__(self, marker: str, needle: str) -> None:
         super().__init__(logging.WARNING)
-        self.marker = marker
+        self.marker, self.needle = marker, needle
 
     def emit(self, record: logging.LogRecord) -> None:
-        if TOKEN_VARIABLE in record.getMessage():
+        if self.needle in record.getMessage():
             open(self.marker, "w").close()
+
+
+def _wait_for(marker: str) -> None:
+    """While the other rank waits: its process reads the store itself within about a second (or
+    through the host's relay, read by this process, after it), however loaded the machine."""
+    deadline = time.monotonic() + 20
+    while not os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def ignore_unsigned(comm: Communicator, marker: str) -> dict[str, Any]:
     lines = _warnings()
     store = comm._control.world.store  # type: ignore[attr-defined]
     if comm.rank == 0:
-        logging.getLogger("communicator").addHandler(_Touch(marker))
+        logging.getLogger("communicator").addHandler(_Touch(marker, TOKEN_VARIABLE))
     comm.barrier()
     if comm.rank == 1:  # as an outsider that reaches the store would: a failure of rank 1's, unsigned
         failure = RemoteFailure(1, "X", "y").to_json().decode()
         forged = json.dumps({"kind": "fail", "board": "", "rank": 1, "failure": failure})
         store.set(f"event/{store.add('events', 1)}", forged)
-        # while rank 0 waits: its process reads the store itself within about a second (or
-        # through the host's relay, read by this process, after it), however loaded the machine
-        deadline = time.monotonic() + 20
-        while not os.path.exists(marker) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_for(marker)
     total = comm.all_reduce(torch.ones(1)).item()
     comm.barrier()
     return {"sum": total, "warned": [line for line in lines if TOKEN_VARIABLE in line]}
