@@ -247,6 +247,18 @@ def _sweep(where: Path) -> None:
                     os.close(fd)
                 if (maker is not None and not alive(maker)) or (maker is None and old is not None and made < old):
                     os.unlink(entry.path)
+    _sweep_host_files(where)
+
+
+def _sweep_host_files(where: Path) -> None:
+    """Remove a host's heartbeat and candidacy files (:mod:`communicator.control.neighbours`)
+    whose relay is gone: a job killed before it closed leaves them, and nothing else would."""
+    with contextlib.suppress(OSError), os.scandir(where) as entries:
+        for entry in entries:
+            base, dot, kind = entry.name.rpartition(".")
+            if dot and kind in ("beats", "judge") and not os.path.lexists(os.path.join(where, f"{base}.relay")):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
 
 
 class Turn:

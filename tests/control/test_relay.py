@@ -153,9 +153,12 @@ def test_a_job_that_ends_leaves_no_relay_and_one_of_a_dead_job_goes_at_once(tmp_
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     left = folder / "b0b0-host.relay"  # left by a killed job whose maker's process is gone
     left.write_bytes(b"#%s %010d\n1 {}\n" % (b"0" * 32, int(dead.stdout)))
+    host_files = [folder / f"b0b0-host.{kind}" for kind in ("beats", "judge")]  # its host's files too
+    for path in host_files:
+        path.write_bytes(b"")
     paths = run_ranks(relay_in_use, 2, cfg=CFG, env={"TMPDIR": str(tmp_path)}, timeout=60)
     assert all(Path(path).parent == folder for path in paths), paths
-    assert not left.exists()
+    assert not left.exists() and not any(path.exists() for path in host_files)
     assert not folder.exists()  # nothing left: neither the job's relay nor the folder
 
 
