@@ -52,7 +52,8 @@ def _damaged_relay(plane: Control) -> None:
 def _relay_without_its_first_line(plane: Control) -> None:
     relay = plane.world.relay
     assert relay is not None
-    relay.path.write_bytes(b"x" * 60 + b"\n2 {}\n")
+    with _turn(relay):  # made by now (and its folder), whatever another job's closing removed
+        relay.path.write_bytes(b"x" * 60 + b"\n2 {}\n")
 
 
 TAMPERS = {
