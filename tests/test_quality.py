@@ -183,3 +183,12 @@ def test_the_private_torch_function_the_groups_patch_still_exists() -> None:
     with _group_name("communicator/test/"):
         assert str(c10d._process_group_name([0, 1], use_hashed_name=False)) == "communicator/test/"
     assert c10d._process_group_name is original  # put back
+
+
+def test_the_public_names_are_one_list_in_two_places() -> None:
+    """``__init__`` names them without importing torch (the command line's ``--help``);
+    ``_public`` imports them, its ``__all__`` the explicit re-export mypy's strict mode needs."""
+    import communicator
+    from communicator import _public
+
+    assert set(communicator.__all__) - {"__version__"} == set(_public.__all__)
