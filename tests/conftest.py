@@ -22,17 +22,64 @@ def pytest_configure(config: pytest.Config) -> None:
             import yapf  # noqa: F401
 
 
-#: Test folders whose modules take the machine's launchers and network namespaces: the multi-node
-#: Slurm cluster replaces the machine's own while it runs, and each multi-node module checks that
-#: no host is left. One such module at a time on the machine, across workers and concurrent runs.
-MACHINE_WIDE = (("tests", "multinode"), ("tests", "launchers"))
+#: Test modules (a folder's or one file) that take the machine's launchers and network namespaces:
+#: the multi-node Slurm cluster replaces the machine's own while it runs, and each multi-node module
+#: checks that no host is left. One such module at a time on the machine, across workers and
+#: concurrent runs. The other launcher tests (torchrun on 127.0.0.1, detection) need no lock.
+MACHINE_WIDE = (("tests", "multinode"), ("tests", "launchers", "test_real_launchers.py"))
+#: The modules that take longest, started first (after the machine-wide ones) so that no worker
+#: is left running one of them alone at the end; the others follow in their collected order.
+LONGEST = (
+    ("tests", "control", "test_control_plane_scale.py"),
+    ("tests", "launchers", "test_teardown.py"),
+    ("tests", "docs", "test_snippets.py"),
+    ("tests", "docs", "test_examples.py"),
+    ("tests", "objects", "test_objects.py"),
+    ("tests", "cli", "test_bench.py"),
+    ("tests", "control", "test_failures.py"),
+    ("tests", "test_conformance.py"),
+)
 
 
 _held: dict[str, Any] = {}  # the module holding the machine-wide lock in this process, and its file
 
 
+def _within(parts: tuple[str, ...], prefixes: tuple[tuple[str, ...], ...]) -> bool:
+    return any(parts[: len(prefix)] == prefix for prefix in prefixes)
+
+
 def _machine_wide(item: pytest.Item) -> bool:
-    return item.path.relative_to(item.config.rootpath).parts[:2] in MACHINE_WIDE
+    return _within(item.path.relative_to(item.config.rootpath).parts, MACHINE_WIDE)
+
+
+def _start_order(item: pytest.Item) -> int:
+    parts = item.path.relative_to(item.config.rootpath).parts
+    if _within(parts, MACHINE_WIDE):
+        return 0
+    return 1 + next((i for i, prefix in enumerate(LONGEST) if parts == prefix), len(LONGEST))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The same order in every worker (a stable sort): the machine-wide modules, then the longest."""
+    items.sort(key=_start_order)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``--dist loadfile``: a module's tests on one worker, as xdist does, and the machine-wide
+    modules all on one worker, one after another, so no other worker waits for their lock."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False  # the collected order (above), not the most tests first
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "machine-wide" if _within(tuple(path.split("/")), MACHINE_WIDE) else path
+
+    return Scheduling(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -137,11 +137,25 @@ def test_records_phases_add_up_to_their_total(tmp_path: Path, capsys: pytest.Cap
     assert len(rows) == sum(len(world["cases"]["records"]["ops"][op]["phases"]) for op in LIST_OPS)
 
 
-@pytest.mark.timeout(120)
-def test_several_world_sizes_in_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    report = _quick_report(tmp_path, "--world-size", "2", "3", "--cases", "small", "overhead")
+@pytest.mark.timeout(240)
+def test_several_world_sizes_in_one_run_with_progress_on_stderr(tmp_path: Path) -> None:
+    # A process of its own: the ranks' stderr is the command's, not a server's started by another test.
+    out = tmp_path / "bench.json"
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    command = ["bench", "--quick", "--world-size", "2", "3", "--cases", "small", "overhead", "--json", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "communicator", *command],
+        env=environ,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=230,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(out.read_text())
     assert report["world_sizes"] == [2, 3]
-    printed = capsys.readouterr().out
+    printed = done.stdout
     for world, size in zip(report["worlds"], (2, 3), strict=True):
         crowded = oversubscribed(size)
         assert world["world_size"] == size and world["cores"] == os.cpu_count()
@@ -154,6 +168,16 @@ def test_several_world_sizes_in_one_run(tmp_path: Path, capsys: pytest.CaptureFi
     scaling = printed.split("\nscaling: ", 1)[1].splitlines()
     assert scaling[1].split()[:6] == ["case", "op", "w2", "ours/floor", "w2", "us/MiB"]
     assert [line.split()[:2] for line in scaling[3:]] == [["small", op] for op in OBJECT_OPS]
+    progress = done.stderr.splitlines()
+    # Which case, the world size, round k of n: short lines, as they happen.
+    for size in (2, 3):
+        assert f"[bench] small, world size {size}: round 1 of 2" in progress
+        assert f"[bench] small, world size {size}: round 2 of 2" in progress
+        overhead = f"[bench] overhead, world size {size}: all_reduce, 1 element"
+        assert f"{overhead} (torch): round 5 of 5" in progress
+        assert f"{overhead}, statistics on (ours, off): round 5 of 5" in progress
+    assert all(len(line) < 200 for line in progress)
+    assert "[bench]" not in printed  # progress on stderr, the tables alone on stdout
 
 
 def test_more_ranks_than_cores_are_marked_oversubscribed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -187,31 +211,6 @@ def test_bench_prints_the_library_s_own_statistics(capsys: pytest.CaptureFixture
     # small: three object ops; dict100: all_reduce_dict; each checked once, then 2 timed rounds of single calls
     for op in ("all_gather_object", "gather_object", "broadcast_object", "all_reduce_dict"):
         assert int(rows[op][2]) == 3, rows[op]
-
-
-@pytest.mark.timeout(120)
-def test_bench_says_what_it_is_doing_on_stderr() -> None:
-    # A process of its own: the ranks' stderr is the command's, not a server's started by another test.
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(
-        [sys.executable, "-m", "communicator", "bench", "--quick", "--world-size", "2", "--cases", "small", "overhead"],
-        env=environ,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=110,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    progress = done.stderr.splitlines()
-    # Which case, the world size, round k of n: short lines, as they happen.
-    assert "[bench] small, world size 2: round 1 of 2" in progress
-    assert "[bench] small, world size 2: round 2 of 2" in progress
-    assert "[bench] overhead, world size 2: all_reduce, 1 element (torch): round 5 of 5" in progress
-    assert "[bench] overhead, world size 2: all_reduce, 1 element, statistics on (ours, off): round 5 of 5" in progress
-    assert all(len(line) < 200 for line in progress)
-    assert "overhead: world size 2" in done.stdout
-    assert "[bench]" not in done.stdout  # progress on stderr, the tables alone on stdout
 
 
 # -- verdicts on given numbers -----------------------------------------------------------------------------
