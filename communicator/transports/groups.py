@@ -40,11 +40,19 @@ def _group_name(name: str) -> Iterator[None]:
 
 def named_group(world_ranks: tuple[int, ...], timeout: timedelta, backend: str | None, name: str | None) -> Any:
     """``dist.new_group`` over ``world_ranks``: by every rank (``name=None``) or by the members
-    only, rendezvousing under ``name``."""
+    only, rendezvousing under ``name``. A gloo group's members leave together: each member's
+    connections are made on both ends before any member goes on."""
     if name is None:
-        return dist.new_group(list(world_ranks), timeout=timeout, backend=backend)
-    with _group_name(name):
-        return dist.new_group(list(world_ranks), timeout=timeout, backend=backend, use_local_synchronization=True)
+        group = dist.new_group(list(world_ranks), timeout=timeout, backend=backend)
+    else:
+        with _group_name(name):
+            group = dist.new_group(list(world_ranks), timeout=timeout, backend=backend, use_local_synchronization=True)
+    if group is not dist.GroupMember.NON_GROUP_MEMBER and dist.get_backend(group) == "gloo":
+        # gloo's connecting ends at different times on a pair's two ends: a member that went on and
+        # exited (nothing to do in the group) would fail another still connecting to it with
+        # "Connection closed by peer".
+        dist.barrier(group=group)
+    return group
 
 
 class Groups:
