@@ -42,6 +42,7 @@ __all__ = [
     "check_supported",
     "check_compatible",
     "compatible",
+    "described",
     "outputs",
     "pack_meta",
     "read",
@@ -119,6 +120,12 @@ def pack_meta(tensor: torch.Tensor, size: int = GATHER_META_BYTES) -> np.ndarray
     return meta
 
 
+def described(tensor: torch.Tensor) -> Meta:
+    """``tensor``'s meta without its data (what :func:`read` makes of a record without inline bytes)."""
+    nbytes = tensor.numel() * tensor.element_size()
+    return Meta(_CODES.get(tensor.dtype, _UNKNOWN), tuple(tensor.shape), None, 0, nbytes)
+
+
 def read(meta: np.ndarray) -> Meta:
     code, ndim, inline, nbytes = _HEAD.unpack_from(meta.data, 0)
     shape = tuple(_DIMS.unpack_from(meta.data, _HEAD.size)[:ndim])
@@ -161,7 +168,10 @@ def capacity_of(nbytes: int) -> int:
 
 
 def check_supported(tensor: torch.Tensor, what: str) -> None:
-    """Raise ``TypeError`` for a dtype that records cannot describe (before any communication)."""
+    """Raise ``TypeError`` for a dtype, ``ValueError`` for a number of dimensions, that records
+    cannot describe (before any communication)."""
+    if tensor.dim() > MAX_NDIM:
+        raise ValueError(f"tensors of more than {MAX_NDIM} dimensions are not supported, got {tensor.dim()}")
     if tensor.dtype not in _CODES:
         raise TypeError(f"{what}: unsupported tensor dtype (supported: {', '.join(map(str, WIRE_DTYPES))})")
 

@@ -424,7 +424,7 @@ class TensorOperations:
         if self.world_size > 1:
             return self._gather_to(tensor, source, dst, async_op)
         self._calls.count(0, 0, source.nbytes)
-        own = shapes.outputs([shapes.read(shapes.pack_meta(source, shapes.META_BYTES))], source, 0, self.device, False)
+        own = shapes.outputs([shapes.described(source)], source, 0, self.device, fault_in=False)
         return _finished(self, [], homed(lambda: own, tensor, self.device), async_op)
 
     @overload
@@ -661,11 +661,13 @@ class TensorOperations:
         rank, world, device = self.rank, self.world_size, self.device
         cpu = device.type == "cpu"  # records travel on the CPU: with the data there, else on the object channel
         if rank != dst:
-            mine = shapes.pack_meta(source, shapes.META_BYTES + (self._gather_capacity(rank, dst) if cpu else 0))
-            self._gather_capacities[rank, dst] = shapes.capacity_of(source.nbytes)
-            self._calls.count(source.nbytes, 0, source.nbytes * world)  # the others' parts are unknown here
+            capacity = self._gather_capacity(rank, dst) if cpu else 0
+            mine = shapes.pack_meta(source, shapes.META_BYTES + capacity)
+            nbytes = source.nbytes
+            self._gather_capacities[rank, dst] = shapes.capacity_of(nbytes)
+            self._calls.count(nbytes, 0, nbytes * world)  # the others' parts are unknown here
             # what does not fit goes at once, behind the record (one tag: received in the order sent)
-            works = self._transfers({dst: source} if shapes.read(mine).data is None else {}, {})
+            works = self._transfers({} if cpu and nbytes <= capacity else {dst: source}, {})
             if cpu:
                 self._await([self._start(self._gather, _NOTHING, (), torch.from_numpy(mine), dst)])
             else:
@@ -683,8 +685,7 @@ class TensorOperations:
         parts = [rows[starts[r] : starts[r + 1]] for r in range(world)]
         if not cpu:
             self._objects().channel.exchange({}, {r: part for r, part in enumerate(parts) if r != dst})
-        own = shapes.read(shapes.pack_meta(source, shapes.META_BYTES))
-        metas = [own if r == dst else shapes.read(part) for r, part in enumerate(parts)]
+        metas = [shapes.described(source) if r == dst else shapes.read(part) for r, part in enumerate(parts)]
         for r, meta in enumerate(metas):
             if r != dst:
                 self._gather_capacities[r, dst] = shapes.capacity_of(meta.wire_bytes)
