@@ -24,7 +24,8 @@ object collectives, dict reduction, result collection, seed synchronisation and 
                        A failed transfer raises ``RuntimeError`` at start or in ``wait``
                        (text about a closed connection: the peer is lost).
 **may** (fast paths)   ``_barrier``, ``_broadcast``, ``_all_reduce``, ``_reduce``,
-                       ``_all_gather`` (equal shapes), ``_reduce_scatter``,
+                       ``_all_gather`` (equal shapes), ``_gather`` (1-D, sizes may
+                       differ), ``_reduce_scatter``,
                        ``_create_groups``: defaults over the point-to-point
                        (:mod:`communicator.ops.defaults`) that finish before they return;
                        ``_object_channel``; ``backend``, ``device``, ``global_ranks`` and the
@@ -160,6 +161,7 @@ class Communicator(
         self._children: list[Communicator] = []
         self._local: Communicator | None = None
         self._port: protocol.Port | None = None
+        self._gather_capacities: dict[tuple[int, int], int] = {}  # (sender, dst): see TensorOperations.gather
         self._seeds_drawn = 0
         self._control: Control | None = None  # built on first use from _control_store()
         self._contexts = 0  # calls of the default _create_groups: every rank numbers its groups alike
@@ -353,6 +355,13 @@ class Communicator(
     def _all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> Work:
         """Start filling ``outputs[r]`` with rank ``r``'s ``tensor``; every rank's has the same shape."""
         return derived.all_gather(self, outputs, tensor)
+
+    def _gather(self, output: torch.Tensor, counts: Sequence[int], tensor: torch.Tensor, dst: int) -> Work:
+        """Start sending every rank's 1-D ``tensor`` (of sizes that may differ) to ``dst``, which
+        receives rank ``r``'s ``counts[r]`` elements into ``output`` after those of the ranks
+        before it (``counts[dst]``: its own ``tensor``'s). Elsewhere ``output`` is empty and
+        ``counts`` unused."""
+        return derived.gather(self, output, counts, tensor, dst)
 
     def _create_groups(self, groups: list[list[int]]) -> Communicator:
         """Create a communicator for each group (lists of this communicator's ranks, in the new

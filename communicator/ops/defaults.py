@@ -1,7 +1,7 @@
 """The default collectives and subgroups of a communicator, over its point-to-point alone.
 
 A subclass that implements ``rank``, ``world_size``, ``_isend`` and ``_irecv`` gets ``_barrier``,
-``_broadcast``, ``_all_reduce``, ``_reduce``, ``_all_gather`` and ``_create_groups`` from here
+``_broadcast``, ``_all_reduce``, ``_reduce``, ``_all_gather``, ``_gather`` and ``_create_groups`` from here
 (the base class's defaults delegate to these functions); ``TorchComm`` overrides every one with
 torch's. The algorithms take O(log N) steps where latency counts and move each byte once where
 bandwidth counts:
@@ -10,7 +10,8 @@ bandwidth counts:
 - broadcast and reduce: binomial trees rooted at the source or destination;
 - all-reduce: a reduce to rank 0, then a broadcast from it, so that every rank holds bitwise the
   same result (the ranks combine in one order, whatever the op and dtype);
-- all-gather: a ring (``N - 1`` steps, each rank sends and receives one block per step).
+- all-gather: a ring (``N - 1`` steps, each rank sends and receives one block per step);
+- gather: every rank sends its block to the destination at once.
 
 Each default runs to its end before it returns (it returns ``DONE``): its steps are waited on
 through the communicator's ``_await``, so they are bounded by the timeout and released by a
@@ -162,6 +163,24 @@ def all_gather(comm: Peers, outputs: list[torch.Tensor], tensor: torch.Tensor) -
     for step in range(world - 1):
         incoming = outputs[(rank - step - 1) % world]
         comm._await([_recv(comm, incoming, left), _send(comm, outputs[(rank - step) % world], right)])
+    return DONE
+
+
+def gather(comm: Peers, output: torch.Tensor, counts: Sequence[int], tensor: torch.Tensor, dst: int) -> Work:
+    """Every rank's 1-D ``tensor`` to ``dst``, at once, into ``output`` in rank order (see
+    ``Communicator._gather``)."""
+    if comm.rank != dst:
+        comm._await([_send(comm, tensor, dst)])
+        return DONE
+    works, offset = [], 0
+    for r, count in enumerate(counts):
+        part = output[offset : offset + count]
+        offset += count
+        if r == dst:
+            part.copy_(tensor)
+        else:
+            works.append(_recv(comm, part, r))
+    comm._await(works)
     return DONE
 
 

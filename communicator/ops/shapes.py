@@ -5,8 +5,11 @@ in one fixed-size record per rank. The record also carries the tensor itself whe
 and fits, so gathering it takes that one collective and nothing else; a larger one follows point
 to point (or in one collective when every shape is equal). How much a record carries is the same
 on every rank, since one collective needs one size everywhere: :func:`capacity_for` derives it from
-the records of the communicator's previous gather, which every rank saw alike. A gather that
-repeats its sizes (up to ``MAX_CAPACITY``) thus takes one collective, as ``same_shape=True`` does.
+the records of the communicator's previous all_gather, which every rank saw alike. A ``gather``'s
+records go to its destination alone, point to point, so what one carries is known to its sender
+and its receiver: :func:`capacity_of` the sender's tensor in their previous gather. A gather that
+repeats its sizes (up to ``MAX_CAPACITY``) thus moves its data with its records, in one step, as
+``same_shape=True`` does.
 
 Layout (little endian): dtype code, number of dimensions and an inline flag (one byte each), five
 bytes of padding, the byte count (8 bytes), ``MAX_NDIM`` dimensions (8 bytes each), then the
@@ -35,7 +38,11 @@ __all__ = [
     "Meta",
     "addressed_to",
     "capacity_for",
+    "capacity_of",
+    "check_supported",
     "check_compatible",
+    "compatible",
+    "described",
     "outputs",
     "pack_meta",
     "read",
@@ -48,37 +55,49 @@ _DIMS = struct.Struct(f"<{MAX_NDIM}q")
 META_BYTES = _HEAD.size + _DIMS.size
 #: A gather meta: up to ``GATHER_META_BYTES - META_BYTES`` bytes of data travel inline.
 GATHER_META_BYTES = 1024
-#: What a gather record carries at least, and at most: beyond, copying the tensor in and out of
-#: the record costs more than the collective it saves, and a record sent for nothing (the
-#: tensors outgrew it) costs too much.
+#: What a gather record carries at least, and at most: beyond, a record sent for nothing (the
+#: tensors outgrew it) costs too much, and the data goes point to point, where gloo's collectives
+#: copy it more (see ``P2P_MIN_BYTES`` in :mod:`communicator.transports.torch_comm`).
 INLINE_BYTES = GATHER_META_BYTES - META_BYTES
-MAX_CAPACITY = 256 * 1024
+MAX_CAPACITY = 1024 * 1024
 _UNKNOWN = 255
 _CODES = {dtype: code for code, dtype in enumerate(WIRE_DTYPES)}
 
 
 @dataclasses.dataclass(frozen=True)
 class Meta:
-    """One rank's tensor as its meta describes it; ``data`` holds the bytes when they were inline."""
+    """One rank's tensor as its meta describes it; ``data`` holds the bytes when they were inline,
+    ``spare`` the bytes of its record that they left unused."""
 
     code: int
     shape: tuple[int, ...]
     data: np.ndarray | None
+    spare: int = 0
+    wire_bytes: int = 0  # the tensor's bytes, as its record says (whatever its dtype)
 
     @property
     def dtype(self) -> torch.dtype:
         return WIRE_DTYPES[self.code]
 
     @property
+    def supported(self) -> bool:
+        """Whether the dtype is one that records describe (else the gather raises on every rank)."""
+        return self.code != _UNKNOWN
+
+    @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
 
-    def tensor(self, device: torch.device) -> torch.Tensor:
-        """The inline tensor, in memory of its own (the meta's buffer is reused)."""
+    def tensor(self, device: torch.device, view: bool = False) -> torch.Tensor:
+        """The inline tensor, in memory of its own; with ``view`` (the record's memory is new in
+        this call, and nobody else's) a view of the record where the tensor fills at least half
+        of it (the data's offset suits any dtype), so that a large record is not kept alive for
+        a small tensor."""
         assert self.data is not None
         if not self.data.size:
             return torch.empty(self.shape, dtype=self.dtype, device=device)
-        flat = torch.from_numpy(self.data.copy()).view(self.dtype)
+        data = self.data if view and self.spare <= self.data.size else self.data.copy()
+        flat = torch.from_numpy(data).view(self.dtype)
         return flat.reshape(self.shape).to(device)
 
 
@@ -101,10 +120,18 @@ def pack_meta(tensor: torch.Tensor, size: int = GATHER_META_BYTES) -> np.ndarray
     return meta
 
 
+def described(tensor: torch.Tensor) -> Meta:
+    """``tensor``'s meta without its data (what :func:`read` makes of a record without inline bytes)."""
+    nbytes = tensor.numel() * tensor.element_size()
+    return Meta(_CODES.get(tensor.dtype, _UNKNOWN), tuple(tensor.shape), None, 0, nbytes)
+
+
 def read(meta: np.ndarray) -> Meta:
     code, ndim, inline, nbytes = _HEAD.unpack_from(meta.data, 0)
     shape = tuple(_DIMS.unpack_from(meta.data, _HEAD.size)[:ndim])
-    return Meta(code, shape, meta[META_BYTES : META_BYTES + nbytes] if inline else None)
+    if not inline:
+        return Meta(code, shape, None, 0, nbytes)
+    return Meta(code, shape, meta[META_BYTES : META_BYTES + nbytes], meta.size - META_BYTES - nbytes, nbytes)
 
 
 def check_compatible(metas: Sequence[Meta], what: str) -> None:
@@ -120,14 +147,33 @@ def check_compatible(metas: Sequence[Meta], what: str) -> None:
         raise TypeError(f"{what}: unsupported tensor dtype (supported: {', '.join(map(str, WIRE_DTYPES))})")
 
 
+def compatible(metas: Sequence[Meta]) -> bool:
+    """Whether :func:`check_compatible` passes."""
+    first = metas[0]
+    return first.code != _UNKNOWN and all(m.code == first.code and len(m.shape) == len(first.shape) for m in metas)
+
+
 def capacity_for(metas: Sequence[Meta]) -> int:
-    """The bytes the next gather's records carry, from this gather's (checked) records: its
-    largest tensor's, rounded up to a power of two (sizes that vary a little still fit), or the
-    least when that is over ``MAX_CAPACITY``."""
-    largest = max(meta.nbytes for meta in metas)
-    if largest > MAX_CAPACITY:
+    """The bytes the next all_gather's records carry, from this one's (checked) records: see
+    :func:`capacity_of` its largest tensor."""
+    return capacity_of(max(meta.nbytes for meta in metas))
+
+
+def capacity_of(nbytes: int) -> int:
+    """What a record carries after one of a tensor of ``nbytes``: that, rounded up to a power of
+    two (sizes that vary a little still fit), or the least when that is over ``MAX_CAPACITY``."""
+    if nbytes > MAX_CAPACITY:
         return INLINE_BYTES
-    return max(INLINE_BYTES, 1 << max(largest - 1, 0).bit_length())
+    return max(INLINE_BYTES, 1 << max(nbytes - 1, 0).bit_length())
+
+
+def check_supported(tensor: torch.Tensor, what: str) -> None:
+    """Raise ``TypeError`` for a dtype, ``ValueError`` for a number of dimensions, that records
+    cannot describe (before any communication)."""
+    if tensor.dim() > MAX_NDIM:
+        raise ValueError(f"tensors of more than {MAX_NDIM} dimensions are not supported, got {tensor.dim()}")
+    if tensor.dtype not in _CODES:
+        raise TypeError(f"{what}: unsupported tensor dtype (supported: {', '.join(map(str, WIRE_DTYPES))})")
 
 
 def same_shape(metas: Sequence[Meta], what: str) -> None:
@@ -138,17 +184,23 @@ def same_shape(metas: Sequence[Meta], what: str) -> None:
 
 
 def outputs(
-    metas: Sequence[Meta], source: torch.Tensor | None, rank: int, device: torch.device, fault_in: bool
+    metas: Sequence[Meta],
+    source: torch.Tensor | None,
+    rank: int,
+    device: torch.device,
+    fault_in: bool,
+    views: bool = False,
 ) -> list[torch.Tensor]:
-    """A tensor for each meta: inline ones filled, ``rank``'s a copy of ``source``, the others empty
-    (faulted in first with ``fault_in``: see :func:`~communicator.ops.staging.empty`)."""
+    """A tensor for each meta: inline ones filled (views of the records with ``views``: see
+    :meth:`Meta.tensor`), ``rank``'s a copy of ``source``, the others empty (faulted in first
+    with ``fault_in``: see :func:`~communicator.ops.staging.empty`)."""
     made = []
     for r, meta in enumerate(metas):
         if r == rank and source is not None:
             with editing(source):
                 made.append(empty(source.shape, source.dtype, source.device).copy_(source))
         elif meta.data is not None:
-            made.append(meta.tensor(device))
+            made.append(meta.tensor(device, views))
         else:
             made.append(empty(meta.shape, meta.dtype, device, fault_in))
     return made

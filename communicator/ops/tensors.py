@@ -5,6 +5,7 @@ checks, staging on the device, uneven shapes, the finishing step (mean division,
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar, overload
 
@@ -34,6 +35,7 @@ __all__ = ["TensorHost", "TensorOperations"]
 
 T = TypeVar("T")
 Tensor = torch.Tensor
+_NOTHING = torch.empty(0, dtype=torch.uint8)  # what a rank sends or receives in a gather that moves nothing of its
 
 
 class TensorHost(Protocol):
@@ -42,6 +44,7 @@ class TensorHost(Protocol):
     config: CommConfig
     _calls: CallState
     _capacity: int
+    _gather_capacities: dict[tuple[int, int], int]
 
     @property
     def rank(self) -> int: ...
@@ -57,6 +60,7 @@ class TensorHost(Protocol):
     def _all_reduce(self, tensor: Tensor, op: str) -> Work: ...
     def _broadcast(self, tensor: Tensor, src: int) -> Work: ...
     def _all_gather(self, outputs: list[Tensor], tensor: Tensor) -> Work: ...
+    def _gather(self, output: Tensor, counts: Sequence[int], tensor: Tensor, dst: int) -> Work: ...
     def _reduce(self, tensor: Tensor, dst: int, op: str) -> Work: ...
     def _reduce_scatter(self, output: Tensor, inputs: list[Tensor], op: str) -> Work: ...
 
@@ -79,6 +83,10 @@ class TensorHost(Protocol):
         self, tensor: Tensor, op: ReduceOpLike, dst: int | None, async_op: bool
     ) -> Tensor | Handle[Tensor]: ...
     def _metas(self, source: Tensor) -> list[shapes.Meta]: ...
+    def _gather_to(
+        self, tensor: Tensor, source: Tensor, dst: int, async_op: bool
+    ) -> list[Tensor] | Handle[list[Tensor] | None] | None: ...
+    def _gather_capacity(self, sender: int, dst: int) -> int: ...
     def _transfers(self, sends: Mapping[int, Tensor], recvs: Mapping[int, Tensor]) -> list[Work]: ...
     def isend(self, tensor: Tensor, dst: int, tag: int = 0) -> Handle[None]: ...
     def irecv(self, tensor: Tensor, src: int, tag: int = 0) -> Handle[Tensor]: ...
@@ -87,7 +95,8 @@ class TensorHost(Protocol):
 class TensorOperations:
     """The operations that move tensors without pickling."""
 
-    #: What the records of this communicator's next uneven gather carry (see ``_metas``).
+    #: What the records of this communicator's next all_gather and gather of unknown shapes
+    #: carry (see ``_metas`` and ``_gather_to``).
     _capacity: int = shapes.INLINE_BYTES
 
     @collective()
@@ -329,8 +338,8 @@ class TensorOperations:
         """Every rank's tensor, in rank order; shapes may differ (same ndim and dtype).
 
         Every rank first sends a record of its tensor's shape, in one collective; a CPU tensor
-        travels inside it when it fits: up to 752 bytes, or the previous gather's largest
-        tensor rounded up to a power of two (256 KiB at most), so a gather that repeats its
+        travels inside it when it fits: up to 752 bytes, or the previous all_gather's largest
+        tensor rounded up to a power of two (1 MiB at most), so a gather that repeats its
         sizes is that one collective. Other tensors follow in one more collective (equal
         shapes) or point to point. ``same_shape=True`` says that every rank passes the same
         shape: one collective, as ``torch.distributed.all_gather``, without the records (debug
@@ -358,7 +367,8 @@ class TensorOperations:
         metas = self._metas(source)
         if same_shape:
             shapes.same_shape(metas, "all_gather")
-        outputs = shapes.outputs(metas, source, self.rank, self.device, fault_in=True)  # it sends as it receives
+        # it sends as it receives; the records are new in this call (see _metas): the data may stay in them
+        outputs = shapes.outputs(metas, source, self.rank, self.device, fault_in=True, views=True)
         waiting = {r: outputs[r] for r, m in enumerate(metas) if m.data is None and r != self.rank}
         mine_inline = metas[self.rank].data is not None
         total = sum(m.nbytes for m in metas)
@@ -393,25 +403,29 @@ class TensorOperations:
     ) -> list[Tensor] | Handle[list[Tensor] | None] | None:
         """Every rank's tensor on ``dst`` (a list in rank order), ``None`` elsewhere; shapes may differ.
 
+        Every other rank sends ``dst`` a record of its tensor's shape, point to point, and
+        ``dst`` alone reads them: a CPU tensor travels inside its record when it fits (up to 752
+        bytes, or the size of the tensor the same rank sent ``dst`` in their previous gather,
+        rounded up to a power of two, 1 MiB at most), so a gather that repeats its sizes sends
+        one message a rank; a larger one follows its record at once.
+
         Example:
             ```python
             # rank 0: tensor([1])               rank 1: tensor([2])
             comm.gather(t, dst=1)               # rank 0: None   rank 1: [tensor([1]), tensor([2])]
+            # rank 0: tensor([1])               rank 1: tensor([2, 3])
+            comm.gather(t, dst=0)               # rank 0: [tensor([1]), tensor([2, 3])]   rank 1: None
             ```
         """
         source = self._stage(check_tensor("tensor", tensor))
         dst = check_rank("dst", dst, self.world_size)
+        shapes.check_supported(source, "gather")
         check_arguments(self, ("gather", source.dtype, source.dim(), dst), ("dtype", "ndim", "dst"))
-        metas = self._metas(source)
-        total, mine = sum(m.nbytes for m in metas), source.nbytes
-        if self.rank != dst:
-            self._calls.count(mine, 0, total)
-            works = self._transfers({dst: source} if metas[self.rank].data is None else {}, {})
-            return _finished(self, works, lambda: None, async_op)
-        self._calls.count(0, total - mine, total)
-        outputs = shapes.outputs(metas, source, dst, self.device, fault_in=False)  # it only receives
-        waiting = {r: outputs[r] for r, m in enumerate(metas) if m.data is None and r != dst}
-        return _finished(self, self._transfers({}, waiting), homed(lambda: outputs, tensor, self.device), async_op)
+        if self.world_size > 1:
+            return self._gather_to(tensor, source, dst, async_op)
+        self._calls.count(0, 0, source.nbytes)
+        own = shapes.outputs([shapes.described(source)], source, 0, self.device, fault_in=False)
+        return _finished(self, [], homed(lambda: own, tensor, self.device), async_op)
 
     @overload
     def scatter(
@@ -633,6 +647,61 @@ class TensorOperations:
         shapes.check_compatible(metas, self._calls.op)
         self._capacity = shapes.capacity_for(metas)  # alike on every rank: each saw every record
         return metas
+
+    def _gather_to(
+        self: TensorHost, tensor: Tensor, source: Tensor, dst: int, async_op: bool
+    ) -> list[Tensor] | Handle[list[Tensor] | None] | None:
+        """``gather`` on more than one rank: every other rank's record to ``dst`` alone, in one
+        collective whose parts may differ in size (``_gather``), each carrying its tensor where
+        it fits; a tensor that does not follows its record at once, point to point. What a
+        rank's record to ``dst`` carries follows its tensor in their previous gather, which
+        both of them know (:func:`communicator.ops.shapes.capacity_of`). ``dst`` checks the
+        records; the other ranks need nobody's (their arguments were compared by
+        ``check_arguments``)."""
+        rank, world, device = self.rank, self.world_size, self.device
+        cpu = device.type == "cpu"  # records travel on the CPU: with the data there, else on the object channel
+        if rank != dst:
+            capacity = self._gather_capacity(rank, dst) if cpu else 0
+            mine = shapes.pack_meta(source, shapes.META_BYTES + capacity)
+            nbytes = source.nbytes
+            self._gather_capacities[rank, dst] = shapes.capacity_of(nbytes)
+            self._calls.count(nbytes, 0, nbytes * world)  # the others' parts are unknown here
+            # what does not fit goes at once, behind the record (one tag: received in the order sent)
+            works = self._transfers({} if cpu and nbytes <= capacity else {dst: source}, {})
+            if cpu:
+                self._await([self._start(self._gather, _NOTHING, (), torch.from_numpy(mine), dst)])
+            else:
+                self._objects().channel.exchange({dst: mine}, {})
+            return _finished(self, works, lambda: None, async_op)
+        sizes = [shapes.META_BYTES + (self._gather_capacity(r, dst) if cpu else 0) for r in range(world)]
+        sizes[dst] = 0  # its own record moves nowhere
+        starts = [0, *itertools.accumulate(sizes)]
+        if cpu:
+            flat = torch.empty(starts[-1], dtype=torch.uint8)
+            self._await([self._start(self._gather, flat, sizes, _NOTHING, dst)])
+            rows = flat.numpy()
+        else:
+            rows = np.empty(starts[-1], dtype=np.uint8)
+        parts = [rows[starts[r] : starts[r + 1]] for r in range(world)]
+        if not cpu:
+            self._objects().channel.exchange({}, {r: part for r, part in enumerate(parts) if r != dst})
+        metas = [shapes.described(source) if r == dst else shapes.read(part) for r, part in enumerate(parts)]
+        for r, meta in enumerate(metas):
+            if r != dst:
+                self._gather_capacities[r, dst] = shapes.capacity_of(meta.wire_bytes)
+        total = sum(m.wire_bytes for m in metas)
+        self._calls.count(0, total - source.nbytes, total)
+        if not shapes.compatible(metas):  # what was sent is received all the same: the communicator stays usable
+            scratch = {r: torch.empty(m.wire_bytes, dtype=torch.uint8, device=device) for r, m in enumerate(metas)}
+            self._await(self._transfers({}, {r: t for r, t in scratch.items() if r != dst and metas[r].data is None}))
+            shapes.check_compatible(metas, self._calls.op)
+        outputs = shapes.outputs(metas, source, dst, device, fault_in=False, views=True)  # the records are new
+        waiting = {r: outputs[r] for r, m in enumerate(metas) if m.data is None and r != dst}
+        return _finished(self, self._transfers({}, waiting), homed(lambda: outputs, tensor, self.device), async_op)
+
+    def _gather_capacity(self: TensorHost, sender: int, dst: int) -> int:
+        """What ``sender``'s record to ``dst`` carries in this gather (both of them know it)."""
+        return self._gather_capacities.get((sender, dst), shapes.INLINE_BYTES)
 
     def _transfers(
         self: TensorHost, sends: Mapping[int, torch.Tensor], recvs: Mapping[int, torch.Tensor]

@@ -41,7 +41,7 @@ class NonMemberComm(Communicator):
     def _refuse(self, *args: Any) -> Work:
         raise self._outsider(self._calls.op or "operation")
 
-    _barrier = _all_reduce = _broadcast = _all_gather = _isend = _irecv = _refuse  # type: ignore[assignment]
+    _barrier = _all_reduce = _broadcast = _all_gather = _gather = _isend = _irecv = _refuse  # type: ignore[assignment]
 
     @override
     def _create_groups(self, groups: list[list[int]]) -> Communicator:

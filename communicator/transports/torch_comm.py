@@ -56,6 +56,7 @@ _TORCH_OPS = {
 _NCCL_LACKS = frozenset({"band", "bor", "bxor"})
 _ALL_REDUCE = {name: all_reduce_options(op) for name, op in _TORCH_OPS.items()}
 _BARRIER = dist.BarrierOptions()
+_ALL_TO_ALL = dist.AllToAllOptions()
 
 
 @dataclasses.dataclass
@@ -120,6 +121,7 @@ class TorchComm(Communicator):
         # torch numbers a group's ranks by world rank; this communicator may order them otherwise (split keys).
         self._group_rank_of = [ordered.index(g) for g in scope.global_ranks]
         self._local_of_group = [scope.global_ranks.index(g) for g in ordered]
+        self._in_group_order = self._local_of_group == list(range(len(ordered)))
         self._rank = scope.global_ranks.index(dist.get_rank())
         self._limit = self.config.timeout.total_seconds()
         self._device = self._pick_device()
@@ -276,6 +278,18 @@ class TorchComm(Communicator):
             return Together(works + [self._isend(tensor, r, TRANSFER_TAG) for r in others])
         ordered = [wire.as_bytes(outputs[self._local_of_group[g]]) for g in range(self.world_size)]
         return self._queued(self._group.allgather([ordered], [wire.as_bytes(tensor)]))
+
+    @override
+    def _gather(self, output: torch.Tensor, counts: Sequence[int], tensor: torch.Tensor, dst: int) -> Work:
+        """gloo's all-to-all of uneven parts (one collective, whose parts may differ in size, where
+        gloo's gather takes one size) where this communicator numbers its ranks as the group does."""
+        if self._backend != "gloo" or not self._in_group_order:
+            return Communicator._gather(self, output, counts, tensor, dst)
+        nothing = [0] * self.world_size
+        sent = list(nothing)
+        sent[dst] = tensor.numel()
+        received = list(counts) if self._rank == dst else nothing
+        return self._queued(self._group.alltoall_base(output, tensor, received, sent, _ALL_TO_ALL))
 
     def _queued(self, work: Work) -> Work:
         """A collective started on the group: stream-ordered under NCCL (see ``StreamOrdered``)."""

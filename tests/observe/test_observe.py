@@ -53,11 +53,11 @@ def expected_rows(rank: int, world: int) -> dict[str, tuple[int, int, int, int]]
         "broadcast": (1, 4 * F64 if rank == world - 1 else 0, 0 if rank == world - 1 else 4 * F64, 4 * F64),
         "reduce": (1, 0 if rank == 0 else 5 * F32, 5 * F32 if rank == 0 else 0, 5 * F32),
         "all_gather": (1, (rank + 1) * I64, (gathered - rank - 1) * I64, gathered * I64),
-        "gather": (
+        "gather": (  # off the destination only its own part is known: that times the world size
             1,
             0 if rank == world - 1 else 2 * (rank + 1) * F32,
             2 * (gathered - world) * F32 if rank == world - 1 else 0,
-            2 * gathered * F32,
+            2 * gathered * F32 if rank == world - 1 else 2 * (rank + 1) * F32 * world,
         ),
         "scatter": (1, 3 * F32 * (world - 1) if rank == 0 else 0, 0 if rank == 0 else 3 * F32, 3 * F32 * world),
         "reduce_scatter": (1, 6 * F32 * (world - 1), 6 * F32, 6 * F32 * world),

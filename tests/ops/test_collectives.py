@@ -200,6 +200,60 @@ def test_an_all_gather_that_repeats_its_sizes_is_one_collective(run, world_size:
     assert run(repeated_gather_starts) == [[(2, 0), (1, 0), (1, 0)]] * world_size
 
 
+def repeated_gather_to_starts(comm: Communicator) -> list[tuple[int, int]]:
+    """How many collectives and transfers each of three equal gathers of 64 KiB to the last rank starts."""
+    started: list[str] = []
+    gather, transfers = comm._gather, comm._transfers
+
+    def counted_gather(*args: object) -> object:
+        started.append("collective")
+        return gather(*args)  # type: ignore[arg-type]
+
+    def counted_transfers(sends: dict[int, torch.Tensor], recvs: dict[int, torch.Tensor]) -> object:
+        started.extend(["transfer"] * (len(sends) + len(recvs)))
+        return transfers(sends, recvs)
+
+    comm._gather, comm._transfers = counted_gather, counted_transfers  # type: ignore[method-assign,assignment]
+    counts, dst = [], comm.world_size - 1
+    for _ in range(3):
+        got = comm.gather(torch.full((16_384,), comm.rank, dtype=torch.float32), dst=dst)
+        assert got is None if comm.rank != dst else all(bool((t == r).all()) for r, t in enumerate(got))
+        counts.append((started.count("collective"), started.count("transfer")))
+        started.clear()
+    return counts
+
+
+@pytest.mark.world_size(2, 3)
+def test_a_gather_that_repeats_its_sizes_is_one_collective(run, world_size: int) -> None:
+    # the first call's records carry no data (it follows point to point); the next ones carry it
+    senders = [[(1, 1), (1, 0), (1, 0)]] * (world_size - 1)
+    assert run(repeated_gather_to_starts) == [*senders, [(1, world_size - 1), (1, 0), (1, 0)]]
+
+
+def dtypes_apart_on_the_destination(comm: Communicator) -> tuple[str, float]:
+    """Ranks that passed each dtype before (so the arguments are not compared again) pass
+    different ones: the destination, which reads every record, raises, and the data that moved
+    is received all the same, so the communicator stays usable."""
+    for dtype in (torch.float32, torch.int64):
+        comm.gather(torch.zeros(300, dtype=dtype), dst=0)
+    mine = torch.zeros(300, dtype=(torch.float32, torch.int64)[comm.rank % 2])
+    outcome = "none"
+    try:
+        comm.gather(mine, dst=0)
+    except CollectiveMismatchError as error:
+        outcome = str(error)
+    after = torch.ones(1)
+    comm.all_reduce(after)
+    return outcome, after.item()
+
+
+@pytest.mark.world_size(2, 3)
+def test_a_mismatch_the_argument_check_let_through_raises_on_the_destination(run, world_size: int) -> None:
+    (message, total), *others = run(dtypes_apart_on_the_destination)
+    assert "must have the same dtype" in message and "torch.int64" in message
+    assert total == world_size and all(after == world_size for _, after in others)
+
+
 def gathers_of_one_shape(comm: Communicator) -> bool:
     rank, world = comm.rank, comm.world_size
     for dtype in (torch.float32, torch.int16, torch.complex64, torch.bool):
