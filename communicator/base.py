@@ -80,7 +80,9 @@ from communicator.objects.codec import Codec
 from communicator.ops.coordination import Coordination
 from communicator.ops.objects import ObjectOperations
 from communicator.ops.observation import Observation
+from communicator.ops.p2p import PointToPoint
 from communicator.ops.ranks import RankQueries
+from communicator.ops.records import ShapeRecords
 from communicator.ops.splits import Splitting
 from communicator.ops.staging import editing, stage, while_editing
 from communicator.ops.tensors import TensorOperations
@@ -95,6 +97,8 @@ Tensor = torch.Tensor
 class Communicator(
     RankQueries,
     TensorOperations,
+    ShapeRecords,
+    PointToPoint,
     ObjectOperations,
     Coordination,
     Splitting["Communicator"],
