@@ -22,6 +22,7 @@ from benchmarks.control_plane import Clock, CountingStore, Result, news_delay, r
 from benchmarks.control_virtual import Processes, timed_by
 from communicator.control.plane import Control
 from communicator.control.polls import Poll, backoff
+from communicator.control.ranks import Spans
 from communicator.control.stalls import JUDGE_AFTER_SECONDS, PROBES_PER_BEAT, WATCH_SECONDS, Stall
 from communicator.control.waiting import FIRST_SLICE_SECONDS
 from communicator.errors import (
@@ -232,7 +233,7 @@ def _survivors(name: str, controls: Sequence[Control], processes: Processes, clo
             polls = [(0.0, lambda now, c=c: c.survivors.agreeing(True, 600.0, now)) for c in survivors]
             return all(found is True for found in _poll(polls, survivors, clock))
         polls = [(0.0, lambda now, c=c: c.survivors.shrinking(600.0, 600.0, now)) for c in survivors]
-        formed = (0, list(range(len(survivors))))
+        formed = (0, Spans(f"0-{len(survivors) - 1}"))  # compared run by run, not rank by rank
         return all(found == formed for found in _poll(polls, survivors, clock))
 
     return play
