@@ -424,4 +424,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The scenarios import this module by its name: run that one, not a second copy of it as
+    # ``__main__`` (its folder for the virtual hosts' files would be another, and a host whose
+    # relay's folder was removed, as the last closing rank removes it, could not make it again).
+    from benchmarks.control_plane import main as _main
+
+    sys.exit(_main())
