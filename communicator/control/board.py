@@ -42,6 +42,10 @@ ECHOES = ("RemoteError", "PeerClosedError")
 #: refusals of one operation, closings): the rest are counted, and their details kept in keys of
 #: their own, so that each reader reads O(1) records however many ranks post.
 NAMED_RECORDS = 16
+#: How long a rank lingering on closing reads the closings' count itself (its first three looks,
+#: for members that close together) before its host's relay serves it: every rank of a job may
+#: linger, and the relay's news is a second late at most, on a wait of a few seconds.
+LINGER_DIRECT_SECONDS = 0.1
 
 
 class FailureBoard:
@@ -193,13 +197,13 @@ class FailureBoard:
 
     def lingering(self, now: float, limit: float = 3.0) -> Poll[None]:
         """:meth:`linger` as a poll from ``now`` (see :mod:`communicator.control.polls`): one
-        request a poll (the closings' count) for its first looks (:data:`DIRECT_SECONDS`), then,
+        request a poll (the closings' count) for its first looks (:data:`LINGER_DIRECT_SECONDS`), then,
         where a host's relay serves, the log alone through it (the last member to close says so
         there): the host's reads, about one a second for all its lingering ranks."""
         if not self._mismatch_raised:
             return
         started, pause = now, Pacer(self._store, now=now)
-        relayed_from = now + DIRECT_SECONDS if self.log.relay is not None else math.inf
+        relayed_from = now + LINGER_DIRECT_SECONDS if self.log.relay is not None else math.inf
         with contextlib.suppress(Exception):
             while True:
                 if now >= relayed_from:
