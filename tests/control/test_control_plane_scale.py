@@ -12,8 +12,9 @@ import pytest
 from torch._C._distributed_c10d import HashStore
 
 import communicator.control.relay as relay
-from benchmarks.control_plane import SCENARIOS, Clock, Result, ranks, simulate
-from benchmarks.control_virtual import Processes
+from benchmarks.control_plane import SCENARIOS, Clock, CountingStore, Result, news_delay, ranks, simulate, unswept
+from benchmarks.control_scenarios import WAVES, _waves
+from benchmarks.control_virtual import Processes, shared_records, timed_by
 from communicator.control.plane import Control
 
 # Thousands of virtual ranks in one process: minutes on a loaded 2-core machine
@@ -110,6 +111,34 @@ def test_what_a_scenario_counts_follows_the_simulated_clock_alone(counts, monkey
     for again in simulate(64, HashStore):
         first = played[again.scenario]
         assert (again.requests, again.keys, again.bytes) == (first.requests, first.keys, first.bytes), again.scenario
+
+
+def test_ranks_lingering_on_closing_after_a_mismatch_read_their_host_s_relay() -> None:
+    # Every rank raised a mismatch, so each lingers as it closes (in ten waves) until the others
+    # closed: its first looks read the closings' count, then the log through its host's relay,
+    # where the last rank to close says so. Reading the count about once a second each, as they
+    # did, the lingering cost 6.9 requests a rank here; the last ones stopped 0.9 s after the last
+    # closing.
+    without, _ = _closed_in_waves(lingering=False)
+    with_lingering, stopped = _closed_in_waves(lingering=True)
+    assert with_lingering - without <= 4.5
+    assert stopped <= (WAVES - 1) * news_delay(8) + news_delay(8)  # once the last closing was relayed
+
+
+def _closed_in_waves(lingering: bool) -> tuple[float, float]:
+    """64 ranks, 8 a host, close in waves (lingering as after a mismatch, or not): the requests a
+    rank, and when the last closing ended (simulated seconds)."""
+    counting, clock, processes = CountingStore(HashStore()), Clock(), Processes()
+    with unswept(), shared_records(), processes.installed(), timed_by(clock):
+        controls = ranks(counting, 64, 600.0, clock, processes)
+        for control in controls:
+            control.world.watcher._written = ("", clock.now)
+            control.board.check(control.rank, 0, "startup")
+            control.board._mismatch_raised, control._calls.seq = lingering, 1
+        before, started = counting.total, clock.now
+        closed, leaving = _waves(controls, lambda c: c.closing(None, clock.now), 1, clock)
+        assert closed and len(leaving.ended) == len(controls)
+        return (counting.total - before) / len(controls), max(leaving.ended.values()) - started
 
 
 def test_a_judge_serves_while_it_waits_and_is_replaced_once_it_stops() -> None:
