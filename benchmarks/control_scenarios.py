@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import heapq
 import inspect
+import math
 import os
 import pickle
 import resource
@@ -20,8 +21,10 @@ from torch._C._distributed_c10d import Store
 
 from benchmarks.control_plane import Clock, CountingStore, Result, news_delay, ranks
 from benchmarks.control_virtual import Processes, timed_by
+from communicator.control.log import LOOK_SECONDS
 from communicator.control.plane import Control
 from communicator.control.polls import Poll, backoff
+from communicator.control.ranks import Spans
 from communicator.control.stalls import JUDGE_AFTER_SECONDS, PROBES_PER_BEAT, WATCH_SECONDS, Stall
 from communicator.control.waiting import FIRST_SLICE_SECONDS
 from communicator.errors import (
@@ -187,22 +190,76 @@ def _main_first(controls: Sequence[Control], seconds: float, clock: Clock) -> bo
     return not any(isinstance(e, CommError) for e in _poll(starts, controls, clock))
 
 
-def _waves(controls: Sequence[Control], leave: Callable[[Control], None], look: int, clock: Clock) -> bool:
-    """The ranks ``leave`` in :data:`WAVES` groups; after each group, every rank still there looks
-    (at operation ``look``) once its host's relay is due; whether no look raised (``look`` 1: the
-    ones that left completed it) or every look did (``look`` 2)."""
-    n, outcomes = len(controls), []
+class _Running:
+    """Polls started one by one at the simulation's clock, each going on when its pause is over
+    as the clock is moved on (:meth:`until`), and each one's end (simulated time)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock, self._heap, self.ended = clock, list[tuple[float, int, Poll[Any]]](), dict[int, float]()
+        self._started = 0
+
+    def start(self, poll: Poll[Any]) -> int:
+        """``poll`` from now (its first step at once); its number."""
+        number, self._started = self._started, self._started + 1
+        self._step(number, poll, lambda: next(poll))
+        return number
+
+    def _step(self, number: int, poll: Poll[Any], step: Callable[[], float]) -> None:
+        try:
+            heapq.heappush(self._heap, (self.clock.now + step(), number, poll))
+        except StopIteration:
+            self.ended[number] = self.clock.now
+
+    def until(self, at: float) -> None:
+        """Every step due by ``at``, in order; the clock at ``at`` then (all of them: ``inf``)."""
+        while self._heap and self._heap[0][0] <= at:
+            due, number, poll = heapq.heappop(self._heap)
+            self.clock.now = max(self.clock.now, due)
+            self._step(number, poll, lambda poll=poll, due=due: poll.send(due))  # type: ignore[misc]
+        if at != math.inf:
+            self.clock.now = max(self.clock.now, at)
+
+
+def _waves(
+    controls: Sequence[Control], leave: Callable[[Control], Poll[Any]], look: int, clock: Clock
+) -> tuple[bool, _Running]:
+    """The ranks ``leave`` (a poll each: closing lingers where it must) in :data:`WAVES` groups;
+    after each group, every rank still there looks (at operation ``look``) once its host's relay
+    is due; whether no look raised (``look`` 1: the ones that left completed it) or every look
+    did (``look`` 2), and the leavings (run to their ends)."""
+    n, outcomes, leaving = len(controls), [], _Running(clock)
     for wave in range(WAVES):
         for control in controls[wave * n // WAVES : (wave + 1) * n // WAVES]:
-            leave(control)
-        clock.now += news_delay(controls[0].world.local_size)
+            leaving.start(leave(control))
+        leaving.until(clock.now + news_delay(controls[0].world.local_size))
         for control in controls[(wave + 1) * n // WAVES :]:
             try:
                 control.board.check(control.rank, look, "barrier")
                 outcomes.append(False)
             except CommError:
                 outcomes.append(True)
-    return all(outcomes) if look == 2 else not any(outcomes)
+    leaving.until(math.inf)
+    return (all(outcomes) if look == 2 else not any(outcomes)), leaving
+
+
+def _closing(controls: Sequence[Control], clock: Clock) -> tuple[bool, float]:
+    """Every rank closes after the same operation (see :func:`_waves`); rank 0 hosts the store
+    (as in a job that torch's launchers start) and, once it closed, departs: it waits until every
+    other rank closed. Whether no rank's look raised and rank 0 left once the last closed, and
+    when (simulated seconds from the start)."""
+    first, started = controls[0], clock.now
+    for control in controls:
+        control._calls.seq = 1
+
+    def leave(control: Control) -> Poll[None]:
+        yield from control.closing(None, clock.now)
+        if control is first:
+            yield from first.board.departing(first.rank, 600.0, clock.now)
+
+    closed, leaving = _waves(controls, leave, 1, clock)
+    last = started + WAVES * news_delay(first.world.local_size)  # the last wave closed by then
+    departed = leaving.ended[0]
+    return closed and departed <= last + LOOK_SECONDS + news_delay(first.world.local_size), departed - started
 
 
 def _lost(controls: Sequence[Control], processes: Processes, clock: Clock) -> tuple[bool, float, float]:
@@ -232,7 +289,7 @@ def _survivors(name: str, controls: Sequence[Control], processes: Processes, clo
             polls = [(0.0, lambda now, c=c: c.survivors.agreeing(True, 600.0, now)) for c in survivors]
             return all(found is True for found in _poll(polls, survivors, clock))
         polls = [(0.0, lambda now, c=c: c.survivors.shrinking(600.0, 600.0, now)) for c in survivors]
-        formed = (0, list(range(len(survivors))))
+        formed = (0, Spans(f"0-{len(survivors) - 1}"))  # compared run by run, not rank by rank
         return all(found == formed for found in _poll(polls, survivors, clock))
 
     return play
@@ -383,11 +440,10 @@ def _play(
     elif name == "main_process_first":
         seconds, knew = waits, _main_first(controls, waits, clock)
     elif name == "cascade":  # each rank fails on its own (its own error, not an echo) and leaves
-        knew = _waves(controls, lambda c: c.close(RuntimeError(f"rank {c.rank}: input file missing")), 2, clock)
+        leave = lambda c: c.closing(RuntimeError(f"rank {c.rank}: input file missing"), clock.now)  # noqa: E731
+        knew = _waves(controls, leave, 2, clock)[0]
     elif name == "closing":  # every rank closes after the same operation, the later ones looking meanwhile
-        for control in controls:
-            control._calls.seq = 1
-        knew = _waves(controls, lambda c: c.close(None), 1, clock)
+        knew, after = _closing(controls, clock)
     else:
         raise ValueError(f"no scenario {name!r}")
     requests, keys, sent, busy = (now - then for now, then in zip(counting.tally(), before, strict=True))

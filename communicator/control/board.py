@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ from typing import Any
 
 from communicator.control.liveness import Hosts
 from communicator.control.log import EventLog, Record, StoreHandle, guarded_store
-from communicator.control.polls import PACE_BURST, Pacer, backoff
+from communicator.control.polls import DIRECT_SECONDS, PACE_BURST, Pacer, Poll, backoff, drive
 from communicator.control.processes import alive
 from communicator.control.ranks import Spans, listed, spans_text
 from communicator.errors import (
@@ -41,6 +42,10 @@ ECHOES = ("RemoteError", "PeerClosedError")
 #: refusals of one operation, closings): the rest are counted, and their details kept in keys of
 #: their own, so that each reader reads O(1) records however many ranks post.
 NAMED_RECORDS = 16
+#: How long a rank lingering on closing reads the closings' count itself (its first three looks,
+#: for members that close together) before its host's relay serves it: every rank of a job may
+#: linger, and the relay's news is a second late at most, on a wait of a few seconds.
+LINGER_DIRECT_SECONDS = 0.1
 
 
 class FailureBoard:
@@ -79,6 +84,7 @@ class FailureBoard:
         self.arrived = 0  # the last of them that every member reached, as the log said
         self._refused_by_all: set[int] = set()  # collectives every member refused, as the log said
         self._someone_left = False  # whether the log said a rank left an operation after a refusal
+        self._everyone_closed = False  # whether the log said the last member closed
         self._statuses_complete = False  # whether every member has published a status
         self._children = 0
         self._released = False
@@ -186,15 +192,32 @@ class FailureBoard:
         """On closing after a mismatch was raised here: wait (at most ``limit`` seconds) until the
         other members closed too (having raised it, as a rule), since a launcher that stops the
         job when this rank exits (torchrun) must not stop them before they report it. Called once
-        this rank's own closing is posted. One request a poll; never raises."""
+        this rank's own closing is posted; never raises (see :meth:`lingering`)."""
+        drive(self.lingering(time.monotonic(), limit))
+
+    def lingering(self, now: float, limit: float = 3.0) -> Poll[None]:
+        """:meth:`linger` as a poll from ``now`` (see :mod:`communicator.control.polls`): one
+        request a poll (the closings' count) for its first looks (:data:`LINGER_DIRECT_SECONDS`), then,
+        where a host's relay serves, the log alone through it (the last member to close says so
+        there): the host's reads, about one a second for all its lingering ranks."""
         if not self._mismatch_raised:
             return
-        deadline, pause = time.monotonic() + limit, Pacer(self._store)
+        started, pause = now, Pacer(self._store, now=now)
+        relayed_from = now + LINGER_DIRECT_SECONDS if self.log.relay is not None else math.inf
         with contextlib.suppress(Exception):
-            while self._store.add(f"{self.name}closing", 0) < len(self.members):
-                if time.monotonic() > deadline:
+            while True:
+                if now >= relayed_from:
+                    self.refresh()
+                    if self._everyone_closed:
+                        return
+                    step = self.log.look_seconds
+                else:
+                    if self._store.add(f"{self.name}closing", 0) >= len(self.members):
+                        return
+                    step = min(pause(now), relayed_from - now)
+                if now - started > limit:
                     return
-                time.sleep(pause())
+                now = yield min(step, max(limit - (now - started), 0.001))
 
     def post_revoke(self, rank: int) -> None:
         """Announce that ``rank`` revoked the communicator: every member's operations raise."""
@@ -228,8 +251,11 @@ class FailureBoard:
             return
         with contextlib.suppress(Exception):  # leaving must never fail
             self._store.set(f"{self.name}closed/{rank}", f"{seq} {refused} {last}")
-        if self._named("closing"):
+        count = self._count("closing")
+        if count <= NAMED_RECORDS:
             self._post("closed", rank, seq=seq, last=last, refused=refused)
+        if count == len(self.members):  # the last: lingering ranks that read a relay learn it so
+            self._post("everyone closed", rank)
 
     # -- looking ---------------------------------------------------------------------------
 
@@ -292,6 +318,8 @@ class FailureBoard:
             self._refused_by_all.add(int(record["seq"]))
         elif kind == "left":
             self._someone_left = True
+        elif kind == "everyone closed":
+            self._everyone_closed = True
         elif kind == "arrived":
             self.arrived = max(self.arrived, int(record["barrier"]))
 
@@ -443,25 +471,42 @@ class FailureBoard:
 
     def depart(self, rank: int, hosts_store: bool, linger: float) -> None:
         """Leave: a rank that hosts the store waits (at most ``linger`` seconds) until every other
-        rank has closed or is gone, since they may still read the board. One request a poll (the
-        closings and the log's count), the log read when its count moved. Never raises."""
-        if not hosts_store:
-            return
+        rank has closed or is gone, since they may still read the board. Never raises (see
+        :meth:`departing`)."""
+        if hosts_store:
+            drive(self.departing(rank, linger, time.monotonic()))
+
+    def departing(self, rank: int, linger: float, now: float) -> Poll[None]:
+        """:meth:`depart` of the rank that hosts the store, as a poll from ``now`` (see
+        :mod:`communicator.control.polls`): one request a poll (the closings and the log's count,
+        the log read when its count moved) for its first looks (:data:`DIRECT_SECONDS`), then,
+        where a host's relay serves, the log alone through it (the last member to close says so
+        there, and the lost ones are posted): the host's reads, about one a second. Its world
+        stopped already, which removed the relay: a look that made it again removes it at the end."""
+        relay = self.log.relay
         try:
-            deadline = time.monotonic() + linger
-            pause = Pacer(self._store)
+            deadline = now + linger
+            pause = Pacer(self._store, now=now)
+            relayed_from = now + DIRECT_SECONDS if relay is not None else math.inf
             everyone = len(self.members)  # this rank posted its closing already
             keys = [f"{self.name}closing", "events"]
             closing, events = (self._store.add(key, 0) for key in keys)  # made: then one request reads both
-            while closing < everyone and time.monotonic() < deadline:
-                self.refresh(look=self.log.behind(events))
+            while closing < everyone and now < deadline:
+                relayed = now >= relayed_from
+                self.refresh(look=relayed or self.log.behind(events))
                 gone = {r for r in self._lost if r not in self._closed} | set(self._dead_here(rank))
-                if len(self._closed) + len(gone) >= everyone:
+                if self._everyone_closed or len(self._closed) + len(gone) >= everyone:
                     return
-                time.sleep(pause())
-                closing, events = self._store.counters(keys)
+                if relayed:
+                    now = yield self.log.look_seconds
+                else:
+                    now = yield min(pause(now), relayed_from - now)
+                    closing, events = self._store.counters(keys)
         except Exception:  # noqa: BLE001 - leaving must never fail
             pass
+        finally:
+            if relay is not None:
+                relay.close()
 
     def elect(self, seq: int, term: int) -> bool:
         """Whether this rank judges the stall of operation ``seq`` for ``term`` (the first to ask does)."""

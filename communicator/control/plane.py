@@ -214,12 +214,17 @@ class Control:
 
     def close(self, error: BaseException | None) -> None:
         """Tell the others this rank left (and why, after ``error``); no collective. Never raises."""
+        drive(self.closing(error, time.monotonic()))
+
+    def closing(self, error: BaseException | None, now: float) -> Poll[None]:
+        """:meth:`close` as a poll from ``now`` (see :mod:`communicator.control.polls`): it waits
+        only where it lingers (see :meth:`~communicator.control.board.FailureBoard.lingering`)."""
         try:
             if error is not None:
                 self.board.post(RemoteFailure.of(self.rank, error, "the communicator's block"), self.completed())
             refused = self.refused[0] if self.refused is not None else -1
             self.board.post_closed(self.rank, self._calls.seq, self._calls.op, refused)
-            self.board.linger()
+            yield from self.board.lingering(now)
         finally:
             self.transfers.stop()
             self.world.watcher.forget(self.board.name)

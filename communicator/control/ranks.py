@@ -34,10 +34,14 @@ class Spans(Sequence[int]):
     """The ranks of a spans text, as a sequence that is never expanded unless asked to."""
 
     def __init__(self, text: str) -> None:
-        self._spans: list[range] = []
+        self._spans: list[range] = []  # runs of consecutive ranks, each as long as it can be
         for part in filter(None, text.split(",")):
             first, _, last = part.partition("-")
-            self._spans.append(range(int(first), int(last or first) + 1))
+            span = range(int(first), int(last or first) + 1)
+            if self._spans and span and self._spans[-1].stop == span.start:
+                self._spans[-1] = range(self._spans[-1].start, span.stop)
+            elif span:
+                self._spans.append(span)
         self._length = sum(len(span) for span in self._spans)
 
     def __len__(self) -> int:
@@ -70,6 +74,8 @@ class Spans(Sequence[int]):
         return any(rank in span for span in self._spans)
 
     def __eq__(self, other: object) -> bool:
+        if isinstance(other, Spans):  # the same ranks in the same order: the same runs (O(spans))
+            return self._spans == other._spans
         return isinstance(other, Sequence) and len(other) == len(self) and list(self) == list(other)
 
     def __repr__(self) -> str:

@@ -163,8 +163,9 @@ class Watcher:
         self._since = 0.0
         self._written = ("", 0.0)  # the state last written, and when
         self.board.publish(world_rank, json.dumps(self.status()))  # every member has a status to read
-        self._thread = threading.Thread(target=self._run, name="communicator-watcher", daemon=True)
-        if thread:  # without one, the caller beats (virtual ranks)
+        self._thread: threading.Thread | None = None  # without one, the caller beats (virtual ranks)
+        if thread:
+            self._thread = threading.Thread(target=self._run, name="communicator-watcher", daemon=True)
             self._thread.start()
 
     def watch(self, name: str, calls: CallState) -> None:
@@ -175,8 +176,9 @@ class Watcher:
 
     def stop(self) -> None:
         self._stopped.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2 * BEAT_SECONDS)
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout=2 * BEAT_SECONDS)
 
     def status(self) -> dict[str, Any]:
         comms = {name: status_of(calls) for name, calls in list(self._comms.items())}

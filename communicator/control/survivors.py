@@ -25,12 +25,12 @@ group's timeout.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 
 from communicator.control.board import FailureBoard, Pacer
 from communicator.control.log import StoreHandle, guarded_store
 from communicator.control.polls import Poll, drive
-from communicator.control.ranks import listed, spans_text
+from communicator.control.ranks import Spans, listed, spans_text
 from communicator.errors import CommError, ExcludedError
 
 __all__ = ["READY_SECONDS", "Survivors"]
@@ -96,12 +96,14 @@ class Survivors:
         limit: float,
         propose: Callable[[set[int]], str],
         now: float,
-        candidates: set[int] | None = None,
+        candidates: Collection[int] | None = None,
     ) -> Poll[str]:
         """Add ``mine`` to key ``entries``; return the outcome fixed under key ``outcome``, chosen
-        among ``candidates`` (default: every member)."""
+        among ``candidates`` (default: every member). What a wait holds between its looks is
+        O(1) (a range, or the spans of a shrink's earlier choice): only a look that reads who is
+        missing makes sets of the members, and lets them go before it pauses."""
         store = self._store
-        everyone = set(range(self._size)) if candidates is None else candidates
+        everyone = range(self._size) if candidates is None else candidates
         fixed = _made(store, outcome)  # empty until proposed
         guarded_store(lambda: store.add("events", 0))  # made: one request reads it with the others
         if fixed:
@@ -114,11 +116,11 @@ class Survivors:
             fixed, counted, events = guarded_store(lambda: store.multi_get([outcome, count, "events"]))
             if fixed:
                 return fixed.decode(errors="replace")
-            lost, late = self._lost(events) & everyone, now > deadline
+            lost, late = {r for r in self._lost(events) if r in everyone}, now > deadline
             # Who is missing is read only when few can be: a look costs O(1) bytes, not O(members).
             if late or int(counted or b"0") + len(lost) + PROBED >= len(everyone):
-                present = self._ranks(guarded_store(lambda: store.get(entries))) & everyone
-                if late or self._waiting_on_none(everyone - present - lost):
+                present = {r for r in self._ranks(guarded_store(lambda: store.get(entries))) if r in everyone}
+                if late or self._waiting_on_none({r for r in everyone if r not in present and r not in lost}):
                     joined = present - self._gone(present - {self._rank})
                     chosen = propose(joined)
                     return store.compare_set(outcome, "", chosen).decode(errors="replace")
@@ -147,10 +149,12 @@ class Survivors:
         communicator, once every one of them is ready; ``ExcludedError`` for a rank left out.
         Members are waited for ``limit`` seconds; the chosen ones get ready by then, or within
         :data:`READY_SECONDS` (``patience``, if shorter) of the choice."""
-        return drive(self.shrinking(limit, patience, time.monotonic()))
+        number, members = drive(self.shrinking(limit, patience, time.monotonic()))
+        return number, list(members)
 
-    def shrinking(self, limit: float, patience: float, now: float) -> Poll[tuple[int, list[int]]]:
-        """:meth:`shrink` as a poll (see :mod:`communicator.control.polls`)."""
+    def shrinking(self, limit: float, patience: float, now: float) -> Poll[tuple[int, Spans]]:
+        """:meth:`shrink` as a poll (see :mod:`communicator.control.polls`); the members as spans
+        (what each rank holds while it waits is O(1), not the list of members)."""
         deadline = now + limit
         store, round_key = self._store, self._round_key
         while True:
@@ -161,18 +165,18 @@ class Survivors:
             joined, members = f"{key}/joined", f"{key}/members"
             settled = yield from self._settle(joined, members, f"{self._rank};", left, _listed, now, candidates)
             now = yield 0.0  # the time it goes on at
-            chosen = sorted(self._chosen(settled))
+            chosen = Spans(spans_text(sorted(self._chosen(settled))))
             if self._rank not in chosen:
                 raise ExcludedError(
                     f"shrink() on rank {self._rank}: the survivors formed their communicator without this rank "
                     "(it did not call shrink() in time, was not ready in time, or was found gone)"
                 )
             ready_by = max(deadline, now + min(READY_SECONDS, patience))
-            if (yield from self._ready(key, number, set(chosen), ready_by, now)):
+            if (yield from self._ready(key, number, chosen, ready_by, now)):
                 return number, chosen
             now = yield 0.0
 
-    def _candidates(self, number: int) -> set[int] | None:
+    def _candidates(self, number: int) -> Spans | None:
         """Who round ``number`` chooses among: every member in the first round; after a round
         that did not form, the members it chose but those that were late (the dead ones are found
         gone anyway). One request in a later round, two after a round with late members."""
@@ -183,13 +187,14 @@ class Survivors:
         if not chosen:  # none, or none proposed yet
             return None
         late = guarded_store(lambda: self._store.peek(f"{before}/late"))
-        return self._chosen(chosen.decode(errors="replace")) - self._ranks(late or b"")
+        left_out = self._ranks(late or b"")
+        return Spans(spans_text(sorted(self._chosen(chosen.decode(errors="replace")) - left_out)))
 
     def abandon(self, number: int) -> None:
         """Round ``number`` could not form its communicator: the next ``shrink()`` chooses again."""
         guarded_store(lambda: self._store.compare_set(self._round_key, str(number), str(number + 1)))
 
-    def _ready(self, key: str, number: int, chosen: set[int], deadline: float, now: float) -> Poll[bool]:
+    def _ready(self, key: str, number: int, chosen: Sequence[int], deadline: float, now: float) -> Poll[bool]:
         """Wait until every chosen member is ready; ``False`` when one died first, or was not
         ready by ``deadline`` (next round, without it). The store's handle raises ``PeerLostError``
         for a store that is gone, as each request here does."""
@@ -204,9 +209,10 @@ class Survivors:
                 return False
             if int(counted or b"0") >= len(chosen):
                 return True
-            lost, late = self._lost(events) & chosen, now > deadline
+            lost, late = {r for r in self._lost(events) if r in chosen}, now > deadline
             if lost or late or int(counted or b"0") + PROBED >= len(chosen):  # which are not ready?
-                waiting = chosen - self._ranks(store.get(f"{key}/ready"))
+                ready = self._ranks(store.get(f"{key}/ready"))
+                waiting = {r for r in chosen if r not in ready}
                 if not waiting:
                     return True
                 if waiting & lost or (len(waiting) <= PROBED and any(self._found_gone(r) for r in sorted(waiting))):

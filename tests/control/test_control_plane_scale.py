@@ -12,8 +12,9 @@ import pytest
 from torch._C._distributed_c10d import HashStore
 
 import communicator.control.relay as relay
-from benchmarks.control_plane import SCENARIOS, Clock, Result, ranks, simulate
-from benchmarks.control_virtual import Processes
+from benchmarks.control_plane import SCENARIOS, Clock, CountingStore, Result, news_delay, ranks, simulate, unswept
+from benchmarks.control_scenarios import WAVES, _waves
+from benchmarks.control_virtual import Processes, shared_records, timed_by
 from communicator.control.plane import Control
 
 # Thousands of virtual ranks in one process: minutes on a loaded 2-core machine
@@ -25,23 +26,17 @@ GROWTH = 16 * 1.25
 AT_TEN_THOUSAND = ("failure", "refused everywhere", "closing")
 #: The scenarios in which ranks wait (for the simulated seconds, or arriving over them).
 WAITS = ("idle wait", "stall", "refusals 10 s apart", "main_process_first")
-#: The survivors' protocols, compared at 8 and 128 ranks (16 times apart, as the others): each
-#: scenario makes its ranks anew, and at 1,024 they would add half a minute to this file.
+#: The survivors' protocols.
 SURVIVORS = ("agree", "shrink")
+#: The two sizes every scenario is compared at, 16 times apart.
+SIZES = (64, 1024)
 
 
 @functools.cache
 def _simulated() -> dict[int, dict[str, Result]]:
-    """Once per process: a module-scoped fixture is made again whenever a worker runs another
-    file's test between this file's."""
-    linear = [s for s in SCENARIOS if s not in SURVIVORS]
-    found = {n: {r.scenario: r for r in simulate(n, HashStore, scenarios=linear)} for n in (64, 1024)}
-    return found | {n: {r.scenario: r for r in simulate(n, HashStore, scenarios=SURVIVORS)} for n in (8, 128)}
-
-
-def _sizes(scenario: str) -> tuple[int, int]:
-    """The two sizes a scenario is compared at, 16 times apart."""
-    return (8, 128) if scenario in SURVIVORS else (64, 1024)
+    """Every scenario at both sizes, once per process: a module-scoped fixture is made again
+    whenever a worker runs another file's test between this file's."""
+    return {n: {r.scenario: r for r in simulate(n, HashStore)} for n in SIZES}
 
 
 @pytest.fixture
@@ -51,7 +46,7 @@ def counts() -> dict[int, dict[str, Result]]:
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_requests_keys_and_bytes_grow_linearly_and_stay_flat_per_rank(counts, scenario: str) -> None:
-    small, large = (counts[n][scenario] for n in _sizes(scenario))
+    small, large = (counts[n][scenario] for n in SIZES)
     assert small.knew and large.knew  # every rank found out what it had to
     for measure in ("requests", "keys", "bytes"):
         assert getattr(large, measure) <= getattr(small, measure) * GROWTH, measure
@@ -59,7 +54,7 @@ def test_requests_keys_and_bytes_grow_linearly_and_stay_flat_per_rank(counts, sc
     assert large.rate <= small.rate * 1.25
 
 
-@pytest.mark.parametrize("n", [8, 128])
+@pytest.mark.parametrize("n", SIZES)
 def test_the_survivors_of_a_lost_rank_agree_and_shrink_to_themselves(counts, n: int) -> None:
     assert all(counts[n][scenario].knew for scenario in SURVIVORS)
 
@@ -107,15 +102,43 @@ def test_ten_thousand_ranks_cost_what_a_thousand_do_per_rank(counts) -> None:
         assert large[scenario].bytes_per_rank <= small.bytes_per_rank * 1.25, scenario
 
 
-def test_what_a_scenario_counts_follows_the_simulated_clock_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_what_a_scenario_counts_follows_the_simulated_clock_alone(counts, monkeypatch: pytest.MonkeyPatch) -> None:
     # A loaded machine plays the scenarios slowly: here the wall clock runs 100 times as fast as
-    # the simulation, and nothing counted may change.
-    played = {r.scenario: r for r in simulate(64, HashStore)}
+    # the simulation, and nothing counted may change (from what every scenario counted at 64 ranks).
+    played = counts[64]
     real, start = time.time, time.time()
     monkeypatch.setattr(time, "time", lambda: start + (real() - start) * 100)
     for again in simulate(64, HashStore):
         first = played[again.scenario]
         assert (again.requests, again.keys, again.bytes) == (first.requests, first.keys, first.bytes), again.scenario
+
+
+def test_ranks_lingering_on_closing_after_a_mismatch_read_their_host_s_relay() -> None:
+    # Every rank raised a mismatch, so each lingers as it closes (in ten waves) until the others
+    # closed: its first looks read the closings' count, then the log through its host's relay,
+    # where the last rank to close says so. Reading the count about once a second each, as they
+    # did, the lingering cost 6.9 requests a rank here; the last ones stopped 0.9 s after the last
+    # closing.
+    without, _ = _closed_in_waves(lingering=False)
+    with_lingering, stopped = _closed_in_waves(lingering=True)
+    assert with_lingering - without <= 4.5
+    assert stopped <= (WAVES - 1) * news_delay(8) + news_delay(8)  # once the last closing was relayed
+
+
+def _closed_in_waves(lingering: bool) -> tuple[float, float]:
+    """64 ranks, 8 a host, close in waves (lingering as after a mismatch, or not): the requests a
+    rank, and when the last closing ended (simulated seconds)."""
+    counting, clock, processes = CountingStore(HashStore()), Clock(), Processes()
+    with unswept(), shared_records(), processes.installed(), timed_by(clock):
+        controls = ranks(counting, 64, 600.0, clock, processes)
+        for control in controls:
+            control.world.watcher._written = ("", clock.now)
+            control.board.check(control.rank, 0, "startup")
+            control.board._mismatch_raised, control._calls.seq = lingering, 1
+        before, started = counting.total, clock.now
+        closed, leaving = _waves(controls, lambda c: c.closing(None, clock.now), 1, clock)
+        assert closed and len(leaving.ended) == len(controls)
+        return (counting.total - before) / len(controls), max(leaving.ended.values()) - started
 
 
 def test_a_judge_serves_while_it_waits_and_is_replaced_once_it_stops() -> None:
