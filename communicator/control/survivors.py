@@ -56,16 +56,26 @@ class Survivors:
         """The members named by entries ``rank;`` or ``rank:value;`` (others are skipped)."""
         return listed(text.decode(errors="replace"), self._size, ";")
 
-    def _chosen(self, text: str) -> set[int]:
+    def _chosen(self, text: str) -> Spans:
         """The members of a shrink's outcome, written as spans (``"0-6,8-15"``: the outcome every
-        member reads costs bytes by the gaps in it, not by the members); others are skipped."""
-        found: set[int] = set()
+        member reads costs bytes by the gaps in it, not by the members), read without listing
+        them (each member reads it: listing would cost every rank N); parts that are not spans
+        of this communicator's ranks are skipped."""
+        runs = []
         for part in text.split(","):
             first, _, last = part.partition("-")
             last = last or first
             if first.isdigit() and last.isdigit() and len(first) < 10 and len(last) < 10:
-                found.update(range(int(first), min(int(last), self._size - 1) + 1))
-        return found
+                start, stop = int(first), min(int(last), self._size - 1) + 1
+                if start < stop:
+                    runs.append((start, stop))
+        merged: list[list[int]] = []
+        for start, stop in sorted(runs):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], stop)
+            else:
+                merged.append([start, stop])
+        return Spans(",".join(f"{start}-{stop - 1}" for start, stop in merged))
 
     def _lost(self, events: bytes | None = None) -> set[int]:
         """The members (local) reported lost; the log is read when its count ``events``, as the
@@ -165,7 +175,7 @@ class Survivors:
             joined, members = f"{key}/joined", f"{key}/members"
             settled = yield from self._settle(joined, members, f"{self._rank};", left, _listed, now, candidates)
             now = yield 0.0  # the time it goes on at
-            chosen = Spans(spans_text(sorted(self._chosen(settled))))
+            chosen = self._chosen(settled)
             if self._rank not in chosen:
                 raise ExcludedError(
                     f"shrink() on rank {self._rank}: the survivors formed their communicator without this rank "
@@ -188,7 +198,7 @@ class Survivors:
             return None
         late = guarded_store(lambda: self._store.peek(f"{before}/late"))
         left_out = self._ranks(late or b"")
-        return Spans(spans_text(sorted(self._chosen(chosen.decode(errors="replace")) - left_out)))
+        return Spans(spans_text(r for r in self._chosen(chosen.decode(errors="replace")) if r not in left_out))
 
     def abandon(self, number: int) -> None:
         """Round ``number`` could not form its communicator: the next ``shrink()`` chooses again."""
