@@ -165,7 +165,7 @@ class Communicator(
         self._children: list[Communicator] = []
         self._local: Communicator | None = None
         self._port: protocol.Port | None = None
-        self._gather_capacities: dict[tuple[int, int], int] = {}  # (sender, dst): see TensorOperations.gather
+        self._gather_capacities: dict[tuple[int, int], int] = {}  # (sender, dst): see ShapeRecords._gather_to
         self._seeds_drawn = 0
         self._control: Control | None = None  # built on first use from _control_store()
         self._contexts = 0  # calls of the default _create_groups: every rank numbers its groups alike

@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import overload
 
-__all__ = ["Spans", "listed", "spans_text"]
+__all__ = ["Spans", "listed", "spans_text", "spans_within"]
 
 
 def spans_text(ranks: Iterable[int]) -> str:
@@ -28,6 +28,27 @@ def listed(text: str, size: int, separator: str = ",") -> set[int]:
         if rank.isdigit() and len(rank) < 10 and int(rank) < size:
             found.add(int(rank))
     return found
+
+
+def spans_within(text: str, size: int) -> Spans:
+    """The ranks of a spans text read from the store, those in ``range(size)`` only, without
+    listing them: a part that is not a span is skipped, spans that overlap or come out of order
+    are merged."""
+    runs = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        last = last or first
+        if first.isdigit() and last.isdigit() and len(first) < 10 and len(last) < 10:
+            start, stop = int(first), min(int(last), size - 1) + 1
+            if start < stop:
+                runs.append([start, stop])
+    merged: list[list[int]] = []
+    for start, stop in sorted(runs):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], stop)
+        else:
+            merged.append([start, stop])
+    return Spans(",".join(f"{start}-{stop - 1}" for start, stop in merged))
 
 
 class Spans(Sequence[int]):

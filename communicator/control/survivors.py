@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Sequence
 from communicator.control.board import FailureBoard, Pacer
 from communicator.control.log import StoreHandle, guarded_store
 from communicator.control.polls import Poll, drive
-from communicator.control.ranks import Spans, listed, spans_text
+from communicator.control.ranks import Spans, listed, spans_text, spans_within
 from communicator.errors import CommError, ExcludedError
 
 __all__ = ["READY_SECONDS", "Survivors"]
@@ -59,23 +59,8 @@ class Survivors:
     def _chosen(self, text: str) -> Spans:
         """The members of a shrink's outcome, written as spans (``"0-6,8-15"``: the outcome every
         member reads costs bytes by the gaps in it, not by the members), read without listing
-        them (each member reads it: listing would cost every rank N); parts that are not spans
-        of this communicator's ranks are skipped."""
-        runs = []
-        for part in text.split(","):
-            first, _, last = part.partition("-")
-            last = last or first
-            if first.isdigit() and last.isdigit() and len(first) < 10 and len(last) < 10:
-                start, stop = int(first), min(int(last), self._size - 1) + 1
-                if start < stop:
-                    runs.append((start, stop))
-        merged: list[list[int]] = []
-        for start, stop in sorted(runs):
-            if merged and start <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], stop)
-            else:
-                merged.append([start, stop])
-        return Spans(",".join(f"{start}-{stop - 1}" for start, stop in merged))
+        them (each member reads it: listing would cost every rank N)."""
+        return spans_within(text, self._size)
 
     def _lost(self, events: bytes | None = None) -> set[int]:
         """The members (local) reported lost; the log is read when its count ``events``, as the

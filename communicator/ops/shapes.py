@@ -136,6 +136,8 @@ def read(meta: np.ndarray) -> Meta:
 
 def check_compatible(metas: Sequence[Meta], what: str) -> None:
     """Every rank raises the same error when the ranks' dtypes or numbers of dimensions differ."""
+    if compatible(metas):
+        return
     first = metas[0]
     if any(m.code != first.code or len(m.shape) != len(first.shape) for m in metas):
         sides = {
@@ -143,14 +145,17 @@ def check_compatible(metas: Sequence[Meta], what: str) -> None:
             for r, m in enumerate(metas)
         }
         raise CollectiveMismatchError(sides, f"{what}: tensors must have the same dtype and number of dimensions")
-    if first.code == _UNKNOWN:
-        raise TypeError(f"{what}: unsupported tensor dtype (supported: {', '.join(map(str, WIRE_DTYPES))})")
+    raise _unsupported(what)
 
 
 def compatible(metas: Sequence[Meta]) -> bool:
     """Whether :func:`check_compatible` passes."""
     first = metas[0]
     return first.code != _UNKNOWN and all(m.code == first.code and len(m.shape) == len(first.shape) for m in metas)
+
+
+def _unsupported(what: str) -> TypeError:
+    return TypeError(f"{what}: unsupported tensor dtype (supported: {', '.join(map(str, WIRE_DTYPES))})")
 
 
 def capacity_for(metas: Sequence[Meta]) -> int:
@@ -173,7 +178,7 @@ def check_supported(tensor: torch.Tensor, what: str) -> None:
     if tensor.dim() > MAX_NDIM:
         raise ValueError(f"tensors of more than {MAX_NDIM} dimensions are not supported, got {tensor.dim()}")
     if tensor.dtype not in _CODES:
-        raise TypeError(f"{what}: unsupported tensor dtype (supported: {', '.join(map(str, WIRE_DTYPES))})")
+        raise _unsupported(what)
 
 
 def same_shape(metas: Sequence[Meta], what: str) -> None:
