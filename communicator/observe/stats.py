@@ -24,9 +24,9 @@ What each column means, per rank:
   NCCL's performance tests define them: ``2(n-1)/n`` for all_reduce and all_reduce_dict,
   ``(n-1)/n`` for all_gather, gather, scatter, reduce_scatter and all_to_all, ``1`` for
   broadcast, reduce and point-to-point. ``size`` is the tensor's bytes for all_reduce,
-  broadcast, reduce and point-to-point, and all the data for the others (off scatter's ``src``
-  and gather's ``dst``, which see only their own part: that times the world size). Object
-  operations have no bandwidth.
+  broadcast, reduce and point-to-point, and all the data for the others (off scatter's ``src``,
+  and the ranks other than gather's ``dst``, which see only their own part: that times the world
+  size). Object operations have no bandwidth.
 """
 
 from __future__ import annotations
