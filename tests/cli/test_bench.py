@@ -176,7 +176,9 @@ def test_several_world_sizes_in_one_run_with_progress_on_stderr(tmp_path: Path) 
         overhead = f"[bench] overhead, world size {size}: all_reduce, 1 element"
         assert f"{overhead} (torch): round 5 of 5" in progress
         assert f"{overhead}, statistics on (ours, off): round 5 of 5" in progress
-    assert all(len(line) < 200 for line in progress)
+    # Other stderr (a rank's stall warning on a loaded machine) is not progress and may be long.
+    long_lines = [line for line in progress if line.startswith("[bench]") and len(line) >= 200]
+    assert not long_lines, long_lines
     assert "[bench]" not in printed  # progress on stderr, the tables alone on stdout
 
 

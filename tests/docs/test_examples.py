@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 from doc_snippets import DOCS, ROOT, clean_env, pages
-from test_snippets import check_exit, torchrun_command
+from test_snippets import check_exit
 from warm_python import WarmPython
+
+from communicator.testing.spawn import free_port
 
 EXAMPLES = sorted((DOCS / "examples").glob("*.py"))
 EXAMPLE_TIMEOUT = 300
@@ -57,9 +59,12 @@ def test_example_runs(path: Path, tmp_path: Path, warm_python: WarmPython) -> No
 
 
 @pytest.mark.timeout(EXAMPLE_TIMEOUT + 60)
-def test_train_ddp_under_torchrun(tmp_path: Path) -> None:
-    """The DDP example also runs with each process one rank of a launcher's job."""
-    result = run(torchrun_command(2, str(DOCS / "examples" / "train_ddp.py")), cwd=tmp_path)
+def test_train_ddp_under_torchrun(tmp_path: Path, warm_python: WarmPython) -> None:
+    """The DDP example also runs with each process one rank of a launcher's job (torchrun's, see
+    ``warm_python.py``)."""
+    env = {**clean_env(ROOT), "MASTER_PORT": str(free_port())}
+    result = warm_python.run([str(DOCS / "examples" / "train_ddp.py")], tmp_path, env, EXAMPLE_TIMEOUT, torchrun=2)
+    check_exit(result, "torchrun train_ddp.py")
     assert "in one process" in result.stdout
 
 

@@ -26,24 +26,6 @@ def page_dir(snippet: Snippet, tmp_path_factory: pytest.TempPathFactory) -> Path
     return directory
 
 
-def torchrun_command(nproc: int | str, script: str) -> list[str]:
-    """torchrun on this machine, at a free port, for ``script``."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        str(nproc),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        script,
-    ]
-
-
 def run_script(command: list[str], cwd: Path, what: str) -> None:
     result = subprocess.run(
         command, cwd=cwd, env=clean_env(cwd), capture_output=True, text=True, timeout=SCRIPT_TIMEOUT, check=False
@@ -74,7 +56,9 @@ def run_mode(
         check_exit(result, f"python {snippet.id}")
     elif mode.startswith("torchrun "):
         script.write_text(snippet.code)
-        run_script(torchrun_command(mode.split()[1], script.name), directory, f"torchrun {snippet.id}")
+        env = {**clean_env(directory), "MASTER_PORT": str(free_port())}
+        result = warm_python.run([script.name], directory, env, SCRIPT_TIMEOUT, torchrun=int(mode.split()[1]))
+        check_exit(result, f"torchrun {snippet.id}")
     elif mode == "pytest":
         test_file = directory / f"test_snippet_{snippet.line}.py"
         test_file.write_text(snippet.code)

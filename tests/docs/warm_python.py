@@ -11,6 +11,11 @@ come back through ``launch()``. What differs from a fresh interpreter is what wa
 the script started; the tests that depend on a fresh one (no ``__main__`` guard, ``--help`` without
 torch, the README's commands) keep starting one.
 
+``torchrun --nproc-per-node N SCRIPT`` runs the same way: a child of the server plays torchrun's
+agent (it serves the job's store at ``MASTER_PORT``, as the agent does) and forks N workers, each
+given the variables torchrun gives its workers, running the script as ``__main__``; a worker that
+fails ends the others, as torchrun ends them. torchrun itself is run for real by the launcher tests.
+
 Run as a script, this module is the server: one JSON request a line on stdin, one reply a line.
 """
 
@@ -38,11 +43,15 @@ class WarmPython:
         self._log = log
         self._process: subprocess.Popen[str] | None = None
 
-    def run(self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-        """``python *argv`` in ``cwd`` with ``env``; killed with the server after ``timeout`` seconds."""
+    def run(
+        self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float, *, torchrun: int = 0
+    ) -> subprocess.CompletedProcess[str]:
+        """``python *argv`` (``torchrun --nproc-per-node N *argv`` with ``torchrun=N``) in ``cwd``
+        with ``env``; killed with the server after ``timeout`` seconds."""
         process = self._server()
         out, err = cwd / f".warm-{os.getpid()}.out", cwd / f".warm-{os.getpid()}.err"
-        request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
+        request = {"argv": argv, "cwd": str(cwd), "env": env, "torchrun": torchrun}
+        request |= {"stdout": str(out), "stderr": str(err)}
         assert process.stdin is not None and process.stdout is not None
         process.stdin.write(json.dumps(request) + "\n")
         process.stdin.flush()
@@ -129,8 +138,9 @@ def _child(request: dict[str, Any], base_path: list[str]) -> int:
         os.environ.clear()
         os.environ.update(request["env"])
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        os.dup2(os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 1)
-        os.dup2(os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 2)
+        # Appending: a torchrun job's workers share the files without overwriting each other.
+        os.dup2(os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644), 1)
+        os.dup2(os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644), 2)
         script = request["argv"][0]
         extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
         sys.argv = list(request["argv"])
@@ -139,11 +149,59 @@ def _child(request: dict[str, Any], base_path: list[str]) -> int:
         # child, so its check (a waitpid) would fail here.
         multiprocessing.forkserver._forkserver.ensure_running = lambda: None  # type: ignore[method-assign]
         multiprocessing.process.ORIGINAL_DIR = request["cwd"]  # type: ignore[attr-defined]
-        code = _run(os.path.abspath(script))  # __main__.__file__ is absolute, as python makes it
+        if request["torchrun"]:
+            code = _agent(request["torchrun"], os.path.abspath(script))
+        else:
+            code = _run(os.path.abspath(script))  # __main__.__file__ is absolute, as python makes it
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
     return code
+
+
+def _agent(nproc: int, script: str) -> int:
+    """torchrun's agent on one node: the job's store and ``nproc`` workers; 1 if any failed."""
+    import signal
+
+    from torch.distributed import TCPStore
+
+    port = int(os.environ["MASTER_PORT"])
+    workers = []
+    for rank in range(nproc):
+        pid = os.fork()  # before the store's threads start
+        if pid == 0:
+            os.environ.update(_worker_variables(rank, nproc))
+            os._exit(_run(script))
+        workers.append(pid)
+    store = TCPStore("127.0.0.1", port, nproc, True, wait_for_workers=False)
+    codes: dict[int, int] = {}
+    while len(codes) < nproc:
+        pid, status = os.wait()
+        codes[pid] = os.waitstatus_to_exitcode(status)
+        if codes[pid] != 0 and len([code for code in codes.values() if code != 0]) == 1:
+            print(f"torchrun: rank {workers.index(pid)} failed first (exit code {codes[pid]})", file=sys.stderr)
+            for other in set(workers) - set(codes):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(other, signal.SIGTERM)
+    del store
+    return 1 if any(codes.values()) else 0  # torchrun's own status when a worker failed
+
+
+def _worker_variables(rank: int, nproc: int) -> dict[str, str]:
+    """What torchrun's agent sets for worker ``rank`` of a one-node job (``--nproc-per-node nproc``)."""
+    ranks = {"RANK": rank, "LOCAL_RANK": rank, "ROLE_RANK": rank, "GROUP_RANK": 0}
+    sizes = {"WORLD_SIZE": nproc, "LOCAL_WORLD_SIZE": nproc, "ROLE_WORLD_SIZE": nproc, "GROUP_WORLD_SIZE": 1}
+    return {
+        **{name: str(value) for name, value in {**ranks, **sizes}.items()},
+        "MASTER_ADDR": "127.0.0.1",
+        "ROLE_NAME": "default",
+        "TORCHELASTIC_RUN_ID": "none",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+    }
 
 
 def _run(script: str) -> int:

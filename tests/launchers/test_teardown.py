@@ -19,7 +19,9 @@ from communicator.launchers.local import free_port
 REPO = Path(__file__).resolve().parents[2]
 SHORT_JOB = REPO / "tests" / "launcher_scripts" / "short_job.py"
 MISMATCH_JOB = REPO / "tests" / "launcher_scripts" / "mismatch_job.py"
-JOBS = 5  # per style: a race seen once in tens of runs needs many runs to show
+#: Jobs per style. One in the suite; a race seen once in tens of runs needs many to show: raise
+#: ``COMMUNICATOR_TEARDOWN_JOBS`` for a longer hunt (as ``COMMUNICATOR_SOAK_SECONDS`` does the soak's).
+JOBS = int(os.environ.get("COMMUNICATOR_TEARDOWN_JOBS", "1"))
 JOB_LIMIT = 150  # seconds for one job of 3 ranks, started and ended
 
 

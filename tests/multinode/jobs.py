@@ -27,8 +27,6 @@ from communicator.launchers import LAUNCHERS
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 JOB = HERE / "multinode_job.py"
-# After the interpreter, or after torchrun's options: every collective checked once (timed runs only time).
-CHECK = ["-m", "communicator", "check", "--repeat", "0"]
 # After one command of a run failed, the others get this long to finish (a torchrun agent whose
 # peer failed would wait minutes in its exit barrier).
 GRACE_SECONDS = 20

@@ -20,6 +20,9 @@ and checks, with values computed from rank numbers and host names alone:
 - ``GLOO_SOCKET_IFNAME``: set inside the block (to what the library chose, or what the user
   set), as before the block after it.
 
+With ``--check`` the ranks then run what ``communicator check`` runs (``check_job``: every
+collective, verified) across the hosts in the same block, and rank 0 prints its table.
+
 Each rank prints ``OK rank=R host=H node=N/NN local=L/LS ifname=I launcher=NAME`` and exits 0,
 or ``FAIL rank=R host=H: what differs`` and exits 1. Rank 0 also prints ``DESCRIBE`` and
 ``describe()``. A rank that hangs dumps its stack and exits after ``--hang-after`` seconds.
@@ -42,6 +45,7 @@ import numpy as np
 import torch
 
 from communicator import Communicator
+from communicator.check import Aborted, check_job
 
 N = 1000  # elements per tensor: large enough to cross hosts in several packets
 
@@ -175,6 +179,7 @@ def main() -> int:
     parser.add_argument("--launcher", required=True, help="the name detect_launcher() must give")
     parser.add_argument("--hosts", required=True, help="comma-separated names of the hosts the job must span")
     parser.add_argument("--hang-after", type=float, default=100.0, help="dump the stack and exit after this")
+    parser.add_argument("--check", action="store_true", help="also run every collective as `communicator check` does")
     args = parser.parse_args()
     faulthandler.dump_traceback_later(args.hang_after, exit=True)
 
@@ -196,6 +201,12 @@ def main() -> int:
             step(comm, check, hosts)
         if rank == 0:
             report("DESCRIBE " + comm.describe().replace("\n", " | "))
+        try:
+            if args.check and check_job(comm, repeat=0) != 0:
+                check.problems.append("communicator check failed (see rank 0's table)")
+        except Aborted as stopped:
+            report(f"FAIL rank={rank} host={host}: communicator check stopped: {stopped}")
+            return 1
     check.expect("GLOO_SOCKET_IFNAME after the block", os.environ.get("GLOO_SOCKET_IFNAME"), before)
     if world < 2 or len(set(hosts)) < 2:
         check.problems.append(f"the job does not span hosts: {hosts}")

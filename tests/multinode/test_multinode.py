@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import pytest
 from hosts import Host, Network
-from jobs import CHECK, JOB, OPENMPI_SETTINGS, REPO, Finished, clean_environ, report, run_on
+from jobs import JOB, OPENMPI_SETTINGS, REPO, Finished, clean_environ, report, run_on
 from slurm_cluster import SlurmCluster
 
 from communicator.cli.check import CHECKS, DEFAULT_SIZES
@@ -41,8 +41,8 @@ def _no_openmpi() -> str | None:
     return None if "Open MPI" in version.stdout + version.stderr else "mpirun is not Open MPI's"
 
 
-def job_args(network: Network, launcher: str) -> list[str]:
-    return [str(JOB), "--launcher", launcher, "--hosts", ",".join(host.name for host in network.hosts)]
+def job_args(network: Network, launcher: str, *options: str) -> list[str]:
+    return [str(JOB), "--launcher", launcher, "--hosts", ",".join(host.name for host in network.hosts), *options]
 
 
 def torchrun(network: Network, script: Sequence[str]) -> list[tuple[Host, list[str]]]:
@@ -103,7 +103,8 @@ def check_rows() -> int:
 
 
 def assert_check_passed(finished: Sequence[Finished], launcher: str, world: int) -> None:
-    """``communicator check``: every command exited 0 (so did every rank), rank 0 printed the pass table."""
+    """``communicator check``'s checks (``--check``): every command exited 0 (so did every rank), rank 0
+    printed the pass table."""
     text = report(finished)
     assert all(item.returncode == 0 for item in finished), text
     output = "\n".join(item.stdout for item in finished)
@@ -159,27 +160,24 @@ def test_plain_gloo_across_hosts_falls_into_the_loopback_trap(network: Network) 
 # -- torchrun ---------------------------------------------------------------------------------------
 
 
-def test_torchrun_two_nodes(network: Network) -> None:
-    finished = run_on(network, torchrun(network, job_args(network, "pytorch")), clean_environ(), RUN_TIMEOUT)
+def test_torchrun_two_nodes_and_check(network: Network) -> None:
+    script = job_args(network, "pytorch", "--check")
+    finished = run_on(network, torchrun(network, script), clean_environ(), RUN_TIMEOUT)
     found = assert_job_passed(finished, network, "pytorch")
     # Each agent's ranks are consecutive and on its own host (which host gets node 0 is the rendezvous's choice).
     assert found[0][1] == found[1][1] != found[2][1] == found[3][1], report(finished)
-
-
-def test_check_under_torchrun(network: Network) -> None:
-    finished = run_on(network, torchrun(network, CHECK), clean_environ(), RUN_TIMEOUT)
     assert_check_passed(finished, "pytorch", 4)
 
 
 # -- Open MPI ---------------------------------------------------------------------------------------
 
 
-def test_openmpi_two_nodes(network: Network) -> None:
-    finished = run_on(
-        network, mpirun(network, job_args(network, "openmpi")), clean_environ(OPENMPI_SETTINGS), RUN_TIMEOUT
-    )
+def test_openmpi_two_nodes_and_check(network: Network) -> None:
+    command = mpirun(network, job_args(network, "openmpi", "--check"))
+    finished = run_on(network, command, clean_environ(OPENMPI_SETTINGS), RUN_TIMEOUT)
     found = assert_job_passed(finished, network, "openmpi")
     assert [line[1] for line in found] == ["mnode01", "mnode01", "mnode02", "mnode02"]
+    assert_check_passed(finished, "openmpi", 4)
 
 
 def test_openmpi_round_robin_placement(network: Network) -> None:
@@ -187,11 +185,6 @@ def test_openmpi_round_robin_placement(network: Network) -> None:
     finished = run_on(network, command, clean_environ(OPENMPI_SETTINGS), RUN_TIMEOUT)
     found = assert_job_passed(finished, network, "openmpi")
     assert [line[1] for line in found] == ["mnode01", "mnode02", "mnode01", "mnode02"]
-
-
-def test_check_under_openmpi(network: Network) -> None:
-    finished = run_on(network, mpirun(network, CHECK), clean_environ(OPENMPI_SETTINGS), RUN_TIMEOUT)
-    assert_check_passed(finished, "openmpi", 4)
 
 
 LOOPBACK_JOB = """
@@ -230,10 +223,11 @@ def test_loopback_master_is_a_config_error_on_every_rank(network: Network) -> No
 # -- Slurm ------------------------------------------------------------------------------------------
 
 
-def test_srun_two_nodes(network: Network, slurm: SlurmCluster) -> None:
-    command = [(slurm.head, ["srun", "-N2", "-n4", sys.executable, *job_args(network, "slurm")])]
+def test_srun_two_nodes_and_check(network: Network, slurm: SlurmCluster) -> None:
+    command = [(slurm.head, ["srun", "-N2", "-n4", sys.executable, *job_args(network, "slurm", "--check")])]
     finished = run_on(network, command, slurm.environ(clean_environ()), RUN_TIMEOUT)
     assert_job_passed(finished, network, "slurm")
+    assert_check_passed(finished, "slurm", 4)
 
 
 def test_info_says_what_each_node_derives(network: Network, slurm: SlurmCluster) -> None:
@@ -250,12 +244,6 @@ def test_info_says_what_each_node_derives(network: Network, slurm: SlurmCluster)
     assert re.search(r"node 1 of 2, master mnode01:\d+ \(host: first host of SLURM_STEP_NODELIST;", text), text
     networks = re.findall(r"^  network: (.*)$", text, flags=re.MULTILINE)
     assert networks == ["GLOO_SOCKET_IFNAME=eth0 (the interface of this host's route to the master)"] * 2, text
-
-
-def test_check_under_srun(network: Network, slurm: SlurmCluster) -> None:
-    command = [(slurm.head, ["srun", "-N2", "-n4", "--ntasks-per-node=2", sys.executable, *CHECK])]
-    finished = run_on(network, command, slurm.environ(clean_environ()), RUN_TIMEOUT)
-    assert_check_passed(finished, "slurm", 4)
 
 
 def wait_for_jobs(slurm: SlurmCluster, job_ids: Sequence[str], limit: float) -> bool:
