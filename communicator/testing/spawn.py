@@ -32,6 +32,7 @@ __all__ = ["free_port", "launch"]
 # After one rank fails, the others get this long to notice (through the failure board) and report.
 GRACE_SECONDS = 5.0
 _PRELOAD = ["torch", "numpy", "communicator"]
+FORKED = "communicator.testing.forked"  # last in a fork server: what it imported is frozen for its ranks
 
 
 @dataclass
@@ -208,7 +209,7 @@ def launch(
     if start_method == "forkserver":
         # Modules the ranks need anyway are imported once, in the fork server; pytest too when the
         # caller runs under it, since ranks unpickle test functions by importing their module.
-        ctx.set_forkserver_preload(_PRELOAD + [m for m in ("pytest",) if m in sys.modules])
+        ctx.set_forkserver_preload(_PRELOAD + [m for m in ("pytest",) if m in sys.modules] + [FORKED])
     held = reserve_port()  # until the job ends: another launch() on this machine cannot choose it
     port = held.getsockname()[1]
     workdir = tempfile.mkdtemp(prefix="communicator-launch-")

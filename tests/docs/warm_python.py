@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import json
 import os
 import runpy
@@ -113,8 +114,9 @@ def serve() -> None:
     log = os.open(os.environ.pop(LOG_ENV), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)  # the fork server's and the ranks' output: never into the replies
     os.dup2(log, 2)
-    multiprocessing.set_forkserver_preload(spawn._PRELOAD)
+    multiprocessing.set_forkserver_preload([*spawn._PRELOAD, spawn.FORKED])
     multiprocessing.forkserver.ensure_running()
+    gc.freeze()  # as launch()'s fork server does (communicator.testing.forked): for the scripts forked here
     own = {p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     base_path = [p for p in sys.path[1:] if p not in own]  # what any interpreter has: stdlib, site
     for line in sys.stdin:

@@ -442,12 +442,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.start_method == "forkserver":
         import multiprocessing
 
+        from communicator.testing.spawn import FORKED
+
         # The server starts as `python -c` and does not take the parent's sys.path (CPython 3.11 drops
         # it): it finds this module through PYTHONPATH, or silently preloads nothing (each rank then
         # imports torch's suite itself). load() then takes the parent's sys.path (SYS_PATH_ENV).
         paths = [str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")]
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-        multiprocessing.get_context("forkserver").set_forkserver_preload([MODULE])
+        multiprocessing.get_context("forkserver").set_forkserver_preload([MODULE, FORKED])
     cls = load()
     tests, lifted = plan(cls)
     patterns = list(QUICK) if args.quick else args.tests
