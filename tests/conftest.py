@@ -35,17 +35,33 @@ def pytest_configure(config: pytest.Config) -> None:
 #: checks that no host is left. One such module at a time on the machine, across workers and
 #: concurrent runs. The other launcher tests (torchrun on 127.0.0.1, detection) need no lock.
 MACHINE_WIDE = (("tests", "multinode"), ("tests", "launchers", "test_real_launchers.py"))
-#: The modules that take longest, started first (after the machine-wide ones) so that no worker
-#: is left running one of them alone at the end; the others follow in their collected order.
+#: The modules that take longest, longest first (their wall time in one run of the suite), started
+#: after the machine-wide ones so that no worker is left running one of them alone at the end; the
+#: others follow in their collected order.
 LONGEST = (
-    ("tests", "control", "test_control_plane_scale.py"),
-    ("tests", "launchers", "test_teardown.py"),
+    ("tests", "objects", "test_objects.py"),
     ("tests", "docs", "test_snippets.py"),
     ("tests", "docs", "test_examples.py"),
-    ("tests", "objects", "test_objects.py"),
+    ("tests", "control", "test_control_plane_scale.py"),
     ("tests", "cli", "test_bench.py"),
     ("tests", "control", "test_failures.py"),
+    ("tests", "control", "test_stalls.py"),
+    ("tests", "ops", "test_collectives.py"),
     ("tests", "test_conformance.py"),
+    ("tests", "launchers", "test_teardown.py"),
+    ("tests", "cli", "test_cli.py"),
+    ("tests", "transports", "test_ddp.py"),
+    ("tests", "control", "test_hostile_store.py"),
+    ("tests", "control", "test_shrink.py"),
+    ("tests", "cli", "test_check.py"),
+    ("tests", "compat", "test_mmengine_runner.py"),
+    ("tests", "observe", "test_observe.py"),
+    ("tests", "objects", "test_safe_attacks.py"),
+    ("tests", "control", "test_control_plane.py"),
+    ("tests", "testing", "test_spawn.py"),
+    ("tests", "ops", "test_hostile_arguments.py"),
+    ("tests", "transports", "test_process_group.py"),
+    ("tests", "transports", "test_torch_suite.py"),
 )
 
 
