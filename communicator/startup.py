@@ -139,6 +139,11 @@ def start(config: CommConfig, env: LauncherEnv) -> Started:
                 backend, init_method=where, rank=env.rank, world_size=env.world_size, timeout=config.timeout
             )
             hosts_store = env.rank == 0 and not where.startswith("file:")
+        if backend == "gloo" and env.world_size > 1:
+            # As for subgroups (transports/groups.py): gloo's connecting ends at different times on
+            # a pair's two ends, and a rank that went on and closed at once would fail another still
+            # connecting to it with "Connection closed by peer".
+            dist.barrier()
         topology, placement = env.topology(), ""
         if not env.places_nodes and env.world_size > 1:
             placed = _placed_by_host(env)
