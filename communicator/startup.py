@@ -139,11 +139,7 @@ def start(config: CommConfig, env: LauncherEnv) -> Started:
                 backend, init_method=where, rank=env.rank, world_size=env.world_size, timeout=config.timeout
             )
             hosts_store = env.rank == 0 and not where.startswith("file:")
-        if backend == "gloo" and env.world_size > 1:
-            # As for subgroups (transports/groups.py): gloo's connecting ends at different times on
-            # a pair's two ends, and a rank that went on and closed at once would fail another still
-            # connecting to it with "Connection closed by peer".
-            dist.barrier()
+        leave_together()
         topology, placement = env.topology(), ""
         if not env.places_nodes and env.world_size > 1:
             placed = _placed_by_host(env)
@@ -161,6 +157,15 @@ def start(config: CommConfig, env: LauncherEnv) -> Started:
             f"could not start the {backend} group at {where} (rank {env.rank} of {env.world_size}): {error}"
         ) from error
     return Started(topology, reason, environment, hosts_store)
+
+
+def leave_together(group: dist.ProcessGroup | None = None) -> None:
+    """A gloo group's members return from its creation together (one barrier on it; the default
+    group with ``None``): gloo's connecting ends at different times on a pair's two ends, and a
+    member that went on and closed or exited at once would fail another still connecting to it
+    with "Connection closed by peer"."""
+    if dist.get_backend(group) == "gloo":
+        dist.barrier(group=group)
 
 
 def _placed_by_host(env: LauncherEnv) -> Topology | None:

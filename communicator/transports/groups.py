@@ -17,6 +17,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from communicator.startup import leave_together
+
 __all__ = ["GroupPair", "Groups", "named_group"]
 
 #: A torch group and the gloo group its objects travel on (the same group under gloo).
@@ -47,11 +49,8 @@ def named_group(world_ranks: tuple[int, ...], timeout: timedelta, backend: str |
     else:
         with _group_name(name):
             group = dist.new_group(list(world_ranks), timeout=timeout, backend=backend, use_local_synchronization=True)
-    if group is not dist.GroupMember.NON_GROUP_MEMBER and dist.get_backend(group) == "gloo":
-        # gloo's connecting ends at different times on a pair's two ends: a member that went on and
-        # exited (nothing to do in the group) would fail another still connecting to it with
-        # "Connection closed by peer".
-        dist.barrier(group=group)
+    if group is not dist.GroupMember.NON_GROUP_MEMBER:
+        leave_together(group)
     return group
 
 
